@@ -1,0 +1,3 @@
+from infera_vllm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""From discovered specs to installed seams, one op at a time, each failure contained.
+
+Order per op: switches -> compatibility checks (versions, platform, vLLM symbols) -> import the op's module
+-> its ``activate(ctx)``. Only the last two touch the op's own code; an exception there becomes a decline
+with its reason and never reaches vLLM (unless ``INFERA_VLLM_STRICT=1``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from infera_vllm import compat, coverage, discovery
+from infera_vllm.spec import Decline, OpSpec, Reason
+from infera_vllm.switches import Switches
+
+logger = logging.getLogger("vllm.infera_vllm")
+
+# Declines that are the user's own choice, not a failure: strict mode does not turn them into errors.
+CHOSEN = {Reason.DISABLED.value, Reason.EXCLUDED.value, Reason.NOT_REQUESTED.value}
+
+
+@dataclass
+class OpContext:
+    """What an op's ``activate(ctx)`` gets: its spec, the environment, the switches, and counters."""
+
+    spec: OpSpec
+    env: compat.Environment
+    switches: Switches
+    state: dict[str, object] = field(default_factory=dict)  # the op may keep handles here
+
+    def counter(self, route: str, reason: str = "", bucket: str = "", at: str = "call"):
+        return coverage.counter(self.spec.name, route, reason, bucket, at)
+
+    @staticmethod
+    def decline(code: str, detail: str = "") -> Decline:
+        return Decline(code, detail)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    distribution: str
+    version: str
+    seam: str
+    decline: Decline | None
+
+    @property
+    def active(self) -> bool:
+        return self.decline is None
+
+    def line(self) -> str:
+        where = f"{self.distribution} {self.version}"
+        if self.decline is None:
+            return f"infera-vllm: op {self.name} ({where}) activated: {self.seam}"
+        return f"infera-vllm: op {self.name} ({where}) declined: {self.decline}"
+
+
+def load_callable(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches, *, install: bool) -> Verdict:
+    """The verdict for one op; with ``install`` the op's seam is put in place when everything passes."""
+    spec = found.spec
+    if spec is None:
+        return Verdict(found.name, found.distribution, found.version, "?", found.problem)
+    decline = switches.selection(spec) or compat.check(spec, env)
+    if decline is None:
+        try:
+            activate = load_callable(spec.activate)
+        except Exception as exc:
+            decline = Decline(Reason.IMPORT_ERROR, f"{spec.activate}: {type(exc).__name__}: {exc}")
+        else:
+            ctx = OpContext(spec, env, switches)
+            try:
+                decline = activate(ctx) if install else _dry_run(activate, ctx)
+            except Exception as exc:
+                decline = Decline(Reason.ACTIVATE_ERROR, f"{type(exc).__name__}: {exc}")
+    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline)
+
+
+def _dry_run(activate, ctx: OpContext) -> Decline | None:
+    """Doctor: an op module may define ``check(ctx)`` beside ``activate`` (same verdict, no side effects);
+    without one, the compatibility checks passing is the verdict."""
+    check = getattr(importlib.import_module(activate.__module__), "check", None)
+    return check(ctx) if check is not None else None
+
+
+def report_dir(switches: Switches) -> str:
+    """The report directory, created once and handed to child processes through the environment."""
+    if switches.report_dir:
+        return switches.report_dir
+    directory = tempfile.mkdtemp(prefix="infera-vllm-report-")
+    os.environ["INFERA_VLLM_REPORT_DIR"] = directory  # spawned/forked workers inherit it
+    return directory
+
+
+def activate_all(switches: Switches) -> list[Verdict]:
+    directory = report_dir(switches)
+    env = compat.Environment.detect()
+    coverage.configure(
+        report_dir=directory,
+        strict=switches.strict,
+        context={"environment": env.__dict__.copy(), "switches": switches.describe()},
+    )
+    logger.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
+                "strict mode" if switches.strict else "loading ops", env.gpu_family, env.vllm, directory)
+    verdicts = [evaluate(f, env, switches, install=True) for f in discovery.discover()]
+    installed = {v.name for v in verdicts}
+    for name in sorted((switches.allow or frozenset()) - installed - switches.exclude):
+        verdicts.append(Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
+    for v in verdicts:
+        logger.info("%s", v.line())
+        coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline)
+    if not verdicts:
+        logger.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")
+    coverage.write_report()  # the startup verdicts survive even if the process is killed later
+    failed = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in CHOSEN]
+    if switches.strict and failed:
+        raise coverage.StrictDeclineError(
+            "INFERA_VLLM_STRICT=1 and some ops declined:\n  " + "\n  ".join(v.line() for v in failed))
+    return verdicts

@@ -1,0 +1,166 @@
+"""Per-process coverage: which calls ran on an Infera kernel, which fell back to vLLM's, and why.
+
+Hot path: an op asks once for a ``counter(...)`` and calls it per routed call. The key tuple is built at
+that time, so a hit is one dict update: no string formatting, no locks (a lost increment under free
+threading is acceptable for a coverage count). Calls that CUDA graphs replay or that torch.compile traces
+are not visible at run time; ops count those where they are decided (``at="trace"`` or ``at="plan"``) and
+the report shows the column, so a count there means "decided N times", not "ran N times".
+
+At exit each process writes ``infera-<host>-<pid>.json`` into the report directory; ``infera-vllm report``
+merges them (see docs/report-format.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from infera_vllm.spec import Decline
+
+REPORT_FORMAT = "infera-vllm-report/1"
+KERNEL, FALLBACK = "kernel", "fallback"
+AT = ("call", "trace", "plan")
+
+logger = logging.getLogger("vllm.infera_vllm")
+
+_counts: dict[tuple[str, str, str, str, str], int] = {}
+_ops: dict[str, dict[str, object]] = {}
+_context: dict[str, object] = {}
+_strict = False
+_report_dir: str | None = None
+_started = time.time()
+_exit_hook_installed = False
+
+
+class StrictDeclineError(RuntimeError):
+    """Raised instead of a fallback when ``INFERA_VLLM_STRICT=1``."""
+
+
+def configure(*, report_dir: str | None, strict: bool, context: dict[str, object]) -> None:
+    """Set where this process reports, and install the exit hook once per process."""
+    global _report_dir, _strict, _exit_hook_installed
+    _report_dir, _strict = report_dir, strict
+    _context.update(context)
+    if report_dir is not None and not _exit_hook_installed:
+        atexit.register(_at_exit)
+        _exit_hook_installed = True
+
+
+def counter(op: str, route: str, reason: str = "", bucket: str = "", at: str = "call") -> Callable[[], None]:
+    """A zero-argument function that counts one routed call with this key."""
+    if route not in (KERNEL, FALLBACK) or at not in AT:
+        raise ValueError(f"route must be {KERNEL}/{FALLBACK} and at one of {AT}, got {route!r}, {at!r}")
+    key = (op, route, str(reason), bucket, at)
+    if route == FALLBACK and _strict:
+
+        def refuse() -> None:
+            raise StrictDeclineError(f"INFERA_VLLM_STRICT=1: {op} declined a call ({reason}, {bucket or 'any shape'})")
+
+        return refuse
+    counts = _counts
+
+    def hit() -> None:
+        counts[key] = counts.get(key, 0) + 1
+
+    return hit
+
+
+def record(op: str, route: str, reason: str = "", bucket: str = "", at: str = "call", n: int = 1) -> None:
+    """Count ``n`` calls at once (for callers that are not on a hot path)."""
+    for _ in range(n):
+        counter(op, route, reason, bucket, at)()
+
+
+def bucket_tokens(n: int) -> str:
+    """Coarse power-of-two bucket of a token count: 1, 2, 3-4, 5-8, ..., so reports stay one screen."""
+    if n <= 2:
+        return str(n)
+    hi = 1 << (n - 1).bit_length()
+    return f"{hi // 2 + 1}-{hi}"
+
+
+def record_op(name: str, *, distribution: str, version: str, seam: str, decline: Decline | None) -> None:
+    """Record an op's startup verdict (one entry per op per process)."""
+    _ops[name] = {
+        "op": name,
+        "distribution": distribution,
+        "version": version,
+        "seam": seam,
+        "status": "active" if decline is None else "declined",
+        "reason": "" if decline is None else str(decline.code),
+        "detail": "" if decline is None else decline.detail,
+    }
+
+
+def snapshot() -> dict[str, object]:
+    import multiprocessing
+
+    return {
+        "format": REPORT_FORMAT,
+        "process": {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "name": multiprocessing.current_process().name,
+            "argv": sys.argv[:3],
+            "host": socket.gethostname(),
+            "started": _started,
+            "written": time.time(),
+        },
+        **_context,
+        "ops": sorted(_ops.values(), key=lambda o: str(o["op"])),
+        "counts": [
+            {"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at, "count": count}
+            for (op, route, reason, bucket, at), count in sorted(_counts.items())
+        ],
+    }
+
+
+def write_report(directory: str | None = None) -> str | None:
+    """Write this process's report; returns its path, or ``None`` when no directory is configured."""
+    directory = directory or _report_dir
+    if directory is None:
+        return None
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"infera-{socket.gethostname()}-{os.getpid()}.json")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(snapshot(), f, indent=1)
+    os.replace(tmp, path)  # a reader never sees half a file
+    return path
+
+
+def summary_lines() -> list[str]:
+    """The one-screen summary logged at exit."""
+    lines = [f"{o['op']}: {o['status']}" + (f" ({o['reason']}: {o['detail']})" if o["reason"] else "") for o in _ops.values()]
+    per_route: dict[tuple[str, str, str], int] = {}
+    for (op, route, reason, _bucket, at), count in _counts.items():
+        k = (op, route if not reason else f"{route}/{reason}", at)
+        per_route[k] = per_route.get(k, 0) + count
+    lines += [f"{op} {route} x{count} (counted at {at})" for (op, route, at), count in sorted(per_route.items())]
+    return lines[:20]
+
+
+def _at_exit() -> None:
+    try:
+        path = write_report()
+        if _ops or _counts:
+            logger.info("infera-vllm coverage (pid %d) -> %s\n  %s", os.getpid(), path, "\n  ".join(summary_lines()))
+    except Exception:  # exit must never fail because of a report
+        logger.exception("infera-vllm: could not write the coverage report")
+
+
+def _reset_in_child() -> None:
+    # A forked worker inherits the parent's counts; its own report must hold only its own calls.
+    # Activation verdicts stay: the seams installed in the parent are in the child's memory too.
+    global _started
+    _counts.clear()
+    _started = time.time()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

@@ -1,0 +1,111 @@
+"""``infera-vllm doctor``: what the plugin would do in this environment, before serving."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from infera_vllm import activation, compat, discovery
+from infera_vllm.spec import Decline, Reason
+from infera_vllm.switches import Switches
+from infera_vllm.version import __version__
+
+
+def _driver() -> dict[str, str | None]:
+    info: dict[str, str | None] = {"cuda_runtime": None, "hip": None, "driver": None}
+    try:
+        import torch
+
+        info["cuda_runtime"] = torch.version.cuda
+        info["hip"] = getattr(torch.version, "hip", None)
+    except Exception:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except Exception:
+            pass
+    return info
+
+
+def plan_model(verdicts: list[activation.Verdict], specs: dict, model: str) -> list[dict]:
+    from infera_vllm.model_sites import load_config, sites
+
+    all_sites = sites(load_config(model))
+    rows = []
+    for v in verdicts:
+        spec = specs.get(v.name)
+        if spec is None or not spec.sites:
+            continue
+        mine = [s for s in all_sites if s.kind in spec.sites]
+        plan = activation.load_callable(spec.plan) if (spec.plan and v.active) else None
+        take: list[str] = []
+        declined: dict[str, list[str]] = {}
+        for site in mine:
+            decline = v.decline if not v.active else (plan(site) if plan else None)
+            if decline is None:
+                take.append(site.name)
+            else:
+                declined.setdefault(str(decline), []).append(site.name)
+        rows.append({"op": v.name, "kinds": list(spec.sites), "sites": len(mine), "take": take, "decline": declined})
+    return rows
+
+
+def collect(model: str | None = None) -> tuple[dict, int]:
+    switches = Switches.from_env()
+    env = compat.Environment.detect()
+    found = discovery.discover()
+    verdicts = [activation.evaluate(f, env, switches, install=False) for f in found]
+    names = {v.name for v in verdicts}
+    for name in sorted((switches.allow or frozenset()) - names - switches.exclude):
+        verdicts.append(activation.Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
+    failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN]
+    doc = {
+        "infera_vllm": __version__,
+        "python": sys.version.split()[0],
+        "environment": {**env.__dict__, **_driver()},
+        "switches": switches.describe(),
+        "ops": [{"op": v.name, "distribution": v.distribution, "version": v.version, "seam": v.seam,
+                 "verdict": "would activate" if v.active else "declined",
+                 "reason": "" if v.active else str(v.decline.code),
+                 "detail": "" if v.active else v.decline.detail} for v in verdicts],
+    }
+    if model is not None:
+        specs = {f.spec.name: f.spec for f in found if f.spec is not None}
+        doc["model"] = {"path": model, "ops": plan_model(verdicts, specs, model)}
+    return doc, (1 if failing else 0)
+
+
+def render(doc: dict) -> str:
+    e = doc["environment"]
+    out = [f"infera-vllm {doc['infera_vllm']} doctor (python {doc['python']})",
+           f"  vLLM {e['vllm']} | torch {e['torch']} | triton {e['triton']} | CUDA runtime {e['cuda_runtime']} | "
+           f"HIP {e['hip']} | driver {e['driver']}",
+           f"  GPU family: {e['gpu_family']} ({e['gpu_detail']})",
+           "  switches: " + ", ".join(f"{k}={v}" for k, v in doc["switches"].items()),
+           "", "operators:"]
+    if not doc["ops"]:
+        out.append("  none installed (pip install infera-norm infera-attn-paged ...)")
+    for o in doc["ops"]:
+        why = f" [{o['reason']}] {o['detail']}" if o["reason"] else f" -> {o['seam']}"
+        out.append(f"  {o['op']:<18} {o['distribution']} {o['version']}: {o['verdict']}{why}")
+    if "model" in doc:
+        out += ["", f"model {doc['model']['path']}:"]
+        for r in doc["model"]["ops"]:
+            out.append(f"  {r['op']:<18} would take {len(r['take'])}/{r['sites']} {'/'.join(r['kinds'])} layers")
+            for reason, names in r["decline"].items():
+                out.append(f"  {'':<18}   declines {len(names)} ({reason}), e.g. {names[0]}")
+    return "\n".join(out)
+
+
+def main(model: str | None, as_json: bool) -> int:
+    doc, code = collect(model)
+    print(json.dumps(doc, indent=1, default=str) if as_json else render(doc))
+    if code and not as_json:
+        print("\nexit 1: a requested op cannot activate (see its reason above)")
+    return code

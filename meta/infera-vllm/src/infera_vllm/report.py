@@ -1,0 +1,82 @@
+"""Merge the per-process coverage reports of one run into one table (``infera-vllm report DIR``)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from infera_vllm.coverage import REPORT_FORMAT
+
+
+def load(directory: str) -> list[dict]:
+    paths = sorted(glob.glob(os.path.join(directory, "infera-*.json")))
+    if not paths:
+        raise FileNotFoundError(f"no infera-*.json reports in {directory!r}")
+    reports = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        if data.get("format") != REPORT_FORMAT:
+            raise ValueError(f"{path}: format {data.get('format')!r}, expected {REPORT_FORMAT!r}")
+        data["path"] = path
+        reports.append(data)
+    return reports
+
+
+def merge(reports: list[dict]) -> dict:
+    """One document: the processes, each op's verdicts across them, and the summed counts."""
+    processes = [
+        {"pid": r["process"]["pid"], "name": r["process"]["name"], "host": r["process"]["host"],
+         "gpu_family": r.get("environment", {}).get("gpu_family"), "vllm": r.get("environment", {}).get("vllm"),
+         "active": sorted(o["op"] for o in r["ops"] if o["status"] == "active")}
+        for r in reports
+    ]
+    verdicts: dict[tuple[str, str, str, str], int] = {}
+    for r in reports:
+        for o in r["ops"]:
+            key = (o["op"], o["status"], o["reason"], o["detail"])
+            verdicts[key] = verdicts.get(key, 0) + 1
+    counts: dict[tuple[str, str, str, str, str], list[int]] = {}
+    for r in reports:
+        for c in r["counts"]:
+            key = (c["op"], c["route"], c["reason"], c["bucket"], c["at"])
+            total = counts.setdefault(key, [0, 0])
+            total[0] += c["count"]
+            total[1] += 1
+    return {
+        "format": "infera-vllm-merged/1",
+        "processes": processes,
+        "ops": [{"op": op, "status": s, "reason": reason, "detail": detail, "processes": n}
+                for (op, s, reason, detail), n in sorted(verdicts.items())],
+        "counts": [{"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at,
+                    "count": total, "processes": n}
+                   for (op, route, reason, bucket, at), (total, n) in sorted(counts.items())],
+    }
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+
+
+def render(merged: dict) -> str:
+    n = len(merged["processes"])
+    out = [f"infera-vllm coverage: {n} process(es)"]
+    out += _table(["pid", "process", "gpu", "vllm", "active ops"],
+                  [[p["pid"], p["name"], p["gpu_family"], p["vllm"], ",".join(p["active"]) or "-"] for p in merged["processes"]])
+    out += ["", "operators:"]
+    out += _table(["op", "status", "reason", "processes", "detail"],
+                  [[o["op"], o["status"], o["reason"] or "-", f"{o['processes']}/{n}", o["detail"]] for o in merged["ops"]])
+    out += ["", "routed calls:"]
+    if merged["counts"]:
+        out += _table(["op", "route", "reason", "shape", "counted at", "count", "processes"],
+                      [[c["op"], c["route"], c["reason"] or "-", c["bucket"] or "-", c["at"], c["count"], c["processes"]]
+                       for c in merged["counts"]])
+        if any(c["at"] != "call" for c in merged["counts"]):
+            out.append("(counted at trace/plan: decided that many times while compiling or capturing graphs; "
+                       "replays are not counted)")
+    else:
+        out.append("  none: no op routed a call (declined ops route nothing; vLLM's own kernels served everything)")
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""A Triton paged-attention backend for vLLM, specialised for decode."""

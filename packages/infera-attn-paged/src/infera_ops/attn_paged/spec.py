@@ -1,0 +1,27 @@
+"""What infera-attn-paged declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
+
+from infera_vllm.spec import OpSpec, Symbol
+
+_REGISTRY = "vllm.v1.attention.backends.registry"
+_TRITON = "vllm.v1.attention.backends.triton_attn"
+
+SPEC = OpSpec(
+    name="attn-paged",
+    distribution="infera-attn-paged",
+    seam="attention backend in vLLM's registry (CUSTOM slot), subclassing TRITON_ATTN",
+    summary="split-KV paged decode + ragged prefill attention (Triton)",
+    vllm=">=0.24,<0.33",
+    requires=(
+        Symbol(_REGISTRY, "register_backend", params=("backend", "class_path")),
+        Symbol(_REGISTRY, "AttentionBackendEnum.CUSTOM"),
+        Symbol(_TRITON, "TritonAttentionBackend"),
+        Symbol(_TRITON, "TritonAttentionImpl.forward",
+               params=("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output")),
+        # The KV-cache layout interface changed: a shape function up to 0.26, layouts from 0.32 on.
+        Symbol(_TRITON, "TritonAttentionBackend.get_kv_cache_shape", vllm="<0.27"),
+        Symbol(_TRITON, "TritonAttentionBackend.supported_kv_cache_layouts", vllm=">=0.32"),
+    ),
+    gpu_families=("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
+    activate="infera_ops.attn_paged.seam:activate",
+    sites=("attention",),
+)

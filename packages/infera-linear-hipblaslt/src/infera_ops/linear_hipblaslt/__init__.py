@@ -1,0 +1,1 @@
+"""Opt-in unquantized linear through hipBLASLt/cuBLASLt with per-shape tuning."""

@@ -1,0 +1,21 @@
+"""What infera-linear-hipblaslt declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
+
+from infera_vllm.spec import OpSpec, Symbol
+
+SPEC = OpSpec(
+    name="linear-hipblaslt",
+    distribution="infera-linear-hipblaslt",
+    seam="vllm.model_executor.layers.linear.dispatch_unquantized_gemm (patched before the model is built)",
+    summary="unquantized GEMM from a per-GPU-family BLASLt tuning table",
+    vllm=">=0.24,<0.33",
+    requires=(
+        Symbol("vllm.model_executor.layers.linear", "dispatch_unquantized_gemm"),
+        Symbol("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.apply", params=("layer", "x", "bias")),
+        # 0.32 chooses the GEMM once per layer at construction, from the kernel config's linear_backend.
+        Symbol("vllm.model_executor.layers.utils", "dispatch_unquantized_gemm", params=("linear_backend",), vllm=">=0.32"),
+    ),
+    gpu_families=("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
+    default_on=False,  # opt-in: INFERA_VLLM_OPS=...,linear-hipblaslt
+    activate="infera_ops.linear_hipblaslt.seam:activate",
+    sites=("linear",),
+)

@@ -1,0 +1,1 @@
+"""A small-batch SwiGLU MoE experts kernel for vLLM decode."""

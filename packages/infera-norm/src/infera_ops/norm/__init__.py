@@ -1,0 +1,1 @@
+"""RMSNorm and fused add+RMSNorm Triton kernels for vLLM, as a vLLM IR provider."""
