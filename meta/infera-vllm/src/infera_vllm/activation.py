@@ -8,16 +8,14 @@ with its reason and never reaches vLLM (unless ``INFERA_VLLM_STRICT=1``).
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
 
-from infera_vllm import compat, coverage, discovery
+from infera_vllm import compat, coverage, discovery, log
 from infera_vllm.spec import Decline, OpSpec, Reason
 from infera_vllm.switches import Switches
 
-logger = logging.getLogger("vllm.infera_vllm")
 
 # Declines that are the user's own choice, not a failure: strict mode does not turn them into errors.
 CHOSEN = {Reason.DISABLED.value, Reason.EXCLUDED.value, Reason.NOT_REQUESTED.value}
@@ -108,17 +106,17 @@ def activate_all(switches: Switches) -> list[Verdict]:
         strict=switches.strict,
         context={"environment": env.__dict__.copy(), "switches": switches.describe()},
     )
-    logger.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
+    log.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
                 "strict mode" if switches.strict else "loading ops", env.gpu_family, env.vllm, directory)
     verdicts = [evaluate(f, env, switches, install=True) for f in discovery.discover()]
     installed = {v.name for v in verdicts}
     for name in sorted((switches.allow or frozenset()) - installed - switches.exclude):
         verdicts.append(Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
     for v in verdicts:
-        logger.info("%s", v.line())
+        log.info("%s", v.line())
         coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline)
     if not verdicts:
-        logger.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")
+        log.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")
     coverage.write_report()  # the startup verdicts survive even if the process is killed later
     failed = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in CHOSEN]
     if switches.strict and failed:

@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import atexit
 import json
-import logging
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable
 
+from infera_vllm import log
 from infera_vllm.spec import Decline
 
 REPORT_FORMAT = "infera-vllm-report/1"
 KERNEL, FALLBACK = "kernel", "fallback"
 AT = ("call", "trace", "plan")
 
-logger = logging.getLogger("vllm.infera_vllm")
 
 _counts: dict[tuple[str, str, str, str, str], int] = {}
 _ops: dict[str, dict[str, object]] = {}
@@ -150,9 +149,9 @@ def _at_exit() -> None:
     try:
         path = write_report()
         if _ops or _counts:
-            logger.info("infera-vllm coverage (pid %d) -> %s\n  %s", os.getpid(), path, "\n  ".join(summary_lines()))
+            log.info("infera-vllm coverage (pid %d) -> %s\n  %s", os.getpid(), path, "\n  ".join(summary_lines()))
     except Exception:  # exit must never fail because of a report
-        logger.exception("infera-vllm: could not write the coverage report")
+        log.logger.exception("infera-vllm: could not write the coverage report")
 
 
 def _reset_in_child() -> None:

@@ -7,10 +7,8 @@ touches vLLM, torch or an op happens inside ``register()``.
 
 from __future__ import annotations
 
-import logging
 import os
 
-logger = logging.getLogger("vllm.infera_vllm")
 
 _registered_pid: int | None = None
 
@@ -23,11 +21,12 @@ def register() -> None:
         return
     _registered_pid = os.getpid()
 
+    from infera_vllm import log
     from infera_vllm.switches import Switches
 
     switches = Switches.from_env()  # a malformed switch is a clear error, not a guess
     if switches.disable_all:
-        logger.info("infera-vllm: INFERA_VLLM_OPS_DISABLE=1, every op is off; vLLM runs unchanged")
+        log.info("infera-vllm: INFERA_VLLM_OPS_DISABLE=1, every op is off; vLLM runs unchanged")
         return
 
     from infera_vllm import activation
@@ -37,4 +36,4 @@ def register() -> None:
     except Exception:
         if switches.strict:
             raise
-        logger.exception("infera-vllm: the plugin failed; vLLM continues with its own kernels")
+        log.logger.exception("infera-vllm: the plugin failed; vLLM continues with its own kernels")

@@ -1,0 +1,32 @@
+"""The plugin's log lines, under vLLM's logger so they share its format and level.
+
+vLLM 0.32 configures its logging lazily, after the front-end process has already loaded plugins, so at
+startup the ``vllm`` logger may have no handler yet; Python would then drop INFO lines. Those lines are
+the user's only sign of which ops activated, so until some handler exists they go to stderr. Once a
+handler exists anywhere on the chain (vLLM's, or the user's own), its level is respected.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logger = logging.getLogger("vllm.infera_vllm")
+
+
+def _has_handler(log: logging.Logger) -> bool:
+    current: logging.Logger | None = log
+    while current is not None:
+        if current.handlers:
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+def info(msg: str, *args: object) -> None:
+    if _has_handler(logger):
+        logger.info(msg, *args, stacklevel=2)
+    else:
+        print(f"INFO [infera-vllm] {msg % args if args else msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+raise ImportError("libinfera_kernels.so: cannot open shared object file")

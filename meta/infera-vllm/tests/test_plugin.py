@@ -1,0 +1,167 @@
+"""register() through vLLM's own plugin loader, in fresh processes, with failing op wheels installed."""
+
+import json
+
+import pytest
+
+from conftest import ops_by_name, reports, run_python
+
+LOAD_TWICE = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from infera_vllm import plugin
+plugin.register()  # idempotent: a second call in the same process does nothing
+from infera_fixture_ops import good
+print("ACTIVATIONS", len(good.ACTIVATED_IN))
+"""
+
+
+def test_failures_are_contained_and_each_has_its_reason(tmp_path):
+    proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path)})
+    assert "ACTIVATIONS 1" in proc.stdout
+    (report,) = reports(tmp_path)
+    ops = ops_by_name(report)
+    expected = {
+        "fixture-good": ("active", ""),
+        "fixture-import-raises": ("declined", "import-error"),
+        "fixture-activate-raises": ("declined", "activate-error"),
+        "fixture-missing-symbol": ("declined", "symbol-missing"),
+        "fixture-signature": ("declined", "signature-changed"),
+        "fixture-bad-range": ("declined", "vllm-version"),
+        "fixture-bad-spec": ("declined", "spec-error"),
+        # the real op wheels still reach their own verdicts beside the broken ones
+        "norm": ("declined", "not-implemented"),
+        "attn-paged": ("declined", "not-implemented"),
+        "moe-decode": ("declined", "not-implemented"),
+        "linear-hipblaslt": ("declined", "not-requested"),
+    }
+    assert {k: (v["status"], v["reason"]) for k, v in ops.items()} == expected
+    assert "libinfera_kernels.so" in ops["fixture-import-raises"]["detail"]
+    assert "ptxas exited 255" in ops["fixture-activate-raises"]["detail"]
+    assert "no_such_ir_op" in ops["fixture-missing-symbol"]["detail"]
+    assert "renamed_away" in ops["fixture-signature"]["detail"]
+    # one startup line per op, at INFO, in vLLM's log
+    for name in expected:
+        assert f"infera-vllm: op {name} " in proc.stdout + proc.stderr
+    assert report["counts"] == [{"op": "fixture-good", "route": "kernel", "reason": "", "bucket": "startup",
+                                 "at": "plan", "count": 1}]
+
+
+def test_disable_all_leaves_vllm_untouched(tmp_path):
+    proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS_DISABLE": "1"})
+    assert "ACTIVATIONS 0" in proc.stdout
+    assert "INFERA_VLLM_OPS_DISABLE=1" in proc.stdout + proc.stderr
+    assert reports(tmp_path) == []
+
+
+def test_allow_and_exclude_lists(tmp_path):
+    run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path),
+                                "INFERA_VLLM_OPS": "norm,fixture-good,linear-hipblaslt,ghost-op",
+                                "INFERA_VLLM_OPS_EXCLUDE": "fixture-good"})
+    ops = ops_by_name(reports(tmp_path)[0])
+    assert ops["fixture-good"]["reason"] == "excluded"
+    assert ops["norm"]["reason"] == "not-implemented"
+    assert ops["linear-hipblaslt"]["reason"] == "not-implemented"  # opt-in op named: it gets as far as the others
+    assert ops["ghost-op"]["reason"] == "not-installed"
+    assert ops["attn-paged"]["reason"] == "not-requested"
+
+
+def test_strict_turns_declines_into_errors(tmp_path):
+    proc = run_python(LOAD_TWICE, check=False, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_STRICT": "1"})
+    assert proc.returncode != 0
+    assert "StrictDeclineError" in proc.stderr and "fixture-import-raises" in proc.stderr
+    error = proc.stderr.split("StrictDeclineError: ")[1].split("\nINFO")[0]
+    assert "op fixture-import-raises" in error and "op norm" in error
+    assert "op fixture-good" not in error and "op linear-hipblaslt" not in error  # active / not requested
+
+
+def test_strict_per_call_decline_raises():
+    proc = run_python("""
+from infera_vllm import coverage
+coverage.configure(report_dir=None, strict=True, context={})
+coverage.counter("norm", "kernel")()
+try:
+    coverage.counter("norm", "fallback", "dtype", "1")()
+except coverage.StrictDeclineError as exc:
+    print("RAISED", exc)
+""", fixture_ops=False)
+    assert "RAISED INFERA_VLLM_STRICT=1: norm declined a call (dtype, 1)" in proc.stdout
+
+
+def test_malformed_switch_is_a_clear_error(tmp_path):
+    proc = run_python(LOAD_TWICE, check=False, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS_DISABLE": "sometimes"})
+    assert proc.returncode != 0 and "INFERA_VLLM_OPS_DISABLE='sometimes'" in proc.stderr
+
+
+SPAWN = """
+import multiprocessing as mp, os
+
+def worker(q):
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from infera_fixture_ops import good
+    q.put((os.getpid(), len(good.ACTIVATED_IN)))
+
+if __name__ == "__main__":
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(q,), name=f"VllmWorker-{i}") for i in range(2)]
+    for p in procs: p.start()
+    got = [q.get(timeout=300) for _ in procs]
+    for p in procs: p.join(300)
+    print("CHILDREN", sorted(n for _, n in got), [p.exitcode for p in procs])
+"""
+
+
+def test_spawned_processes_register_and_reports_merge(tmp_path):
+    """No report dir is given: the first process makes one and hands it to its spawned children."""
+    script = tmp_path / "spawn_main.py"
+    script.write_text(SPAWN)
+    env_dir = tmp_path / "tmpdir"
+    env_dir.mkdir()
+    proc = run_python("", args=(str(script),), env={"TMPDIR": str(env_dir)})
+    assert "CHILDREN [1, 1] [0, 0]" in proc.stdout
+    (report_dir,) = env_dir.glob("infera-vllm-report-*")
+    assert f"coverage reports -> {report_dir}" in proc.stdout + proc.stderr  # printed at startup
+    files = reports(report_dir)
+    assert sorted(r["process"]["name"] for r in files) == ["MainProcess", "VllmWorker-0", "VllmWorker-1"]
+
+    merged = json.loads(run_python("", args=("-m", "infera_vllm", "report", str(report_dir), "--json"),
+                                   fixture_ops=False).stdout)
+    assert len(merged["processes"]) == 3
+    (good,) = [c for c in merged["counts"] if c["op"] == "fixture-good"]
+    assert (good["count"], good["processes"]) == (3, 3)
+    norm = [o for o in merged["ops"] if o["op"] == "norm"]
+    assert norm == [{"op": "norm", "status": "declined", "reason": "not-implemented", "detail": norm[0]["detail"],
+                     "processes": 3}]
+    text = run_python("", args=("-m", "infera_vllm", "report", str(report_dir)), fixture_ops=False).stdout
+    assert "infera-vllm coverage: 3 process(es)" in text and "not-implemented" in text and "3/3" in text
+
+
+def test_forked_child_reports_only_its_own_calls(tmp_path):
+    run_python("""
+import os
+from infera_vllm import coverage
+coverage.configure(report_dir=os.environ["INFERA_VLLM_REPORT_DIR"], strict=False, context={})
+coverage.record("norm", "kernel", bucket="1", n=5)
+pid = os.fork()
+if pid == 0:
+    coverage.record("norm", "fallback", "dtype", "2")
+    coverage.write_report()
+    os._exit(0)
+os.waitpid(pid, 0)
+coverage.write_report()
+""", fixture_ops=False, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path)})
+    by_pid = {r["process"]["pid"]: r["counts"] for r in reports(tmp_path)}
+    assert len(by_pid) == 2
+    assert sorted(len(c) for c in by_pid.values()) == [1, 1]
+    assert sorted(c[0]["count"] for c in by_pid.values()) == [1, 5]
+
+
+@pytest.mark.parametrize("module", ["infera_vllm.plugin", "infera_vllm.spec", "infera_vllm.switches", "infera_vllm"])
+def test_plugin_entry_modules_are_import_light(module):
+    from infera_vllm.testing import assert_import_light
+
+    assert_import_light(module)
