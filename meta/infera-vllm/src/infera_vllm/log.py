@@ -9,6 +9,7 @@ handler exists anywhere on the chain (vLLM's, or the user's own), its level is r
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 logger = logging.getLogger("vllm.infera_vllm")
@@ -29,4 +30,4 @@ def info(msg: str, *args: object) -> None:
     if _has_handler(logger):
         logger.info(msg, *args, stacklevel=2)
     else:
-        print(f"INFO [infera-vllm] {msg % args if args else msg}", file=sys.stderr, flush=True)
+        print(f"(pid {os.getpid()}) INFO {msg % args if args else msg}", file=sys.stderr, flush=True)
