@@ -1,0 +1,86 @@
+import json
+
+import pytest
+
+from infera_vllm import coverage, report
+from infera_vllm.spec import Decline
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry():
+    saved = dict(coverage._counts), dict(coverage._ops)
+    coverage._counts.clear()
+    coverage._ops.clear()
+    yield
+    coverage._counts.clear(), coverage._ops.clear()
+    coverage._counts.update(saved[0]), coverage._ops.update(saved[1])
+
+
+def test_counter_counts_per_key():
+    hit = coverage.counter("norm", "kernel", bucket="1")
+    miss = coverage.counter("norm", "fallback", "dtype", "3-4", at="trace")
+    for _ in range(3):
+        hit()
+    miss()
+    counts = {(c["route"], c["reason"], c["bucket"], c["at"]): c["count"] for c in coverage.snapshot()["counts"]}
+    assert counts == {("kernel", "", "1", "call"): 3, ("fallback", "dtype", "3-4", "trace"): 1}
+
+
+@pytest.mark.parametrize("route, at", [("gpu", "call"), ("kernel", "sometimes")])
+def test_counter_rejects_unknown_route_or_time(route, at):
+    with pytest.raises(ValueError):
+        coverage.counter("norm", route, at=at)
+
+
+@pytest.mark.parametrize("n, bucket", [(1, "1"), (2, "2"), (3, "3-4"), (4, "3-4"), (5, "5-8"), (8, "5-8"), (9, "9-16"),
+                                       (1000, "513-1024"), (1025, "1025-2048")])
+def test_bucket_tokens(n, bucket):
+    assert coverage.bucket_tokens(n) == bucket
+
+
+def _write(tmp_path, pid, name, ops, counts):
+    doc = {"format": coverage.REPORT_FORMAT, "process": {"pid": pid, "name": name, "host": "h"},
+           "environment": {"gpu_family": "cpu", "vllm": "0.32.0"}, "ops": ops, "counts": counts}
+    (tmp_path / f"infera-h-{pid}.json").write_text(json.dumps(doc))
+
+
+def test_merge_sums_counts_and_groups_verdicts(tmp_path):
+    active = {"op": "norm", "status": "active", "reason": "", "detail": ""}
+    declined = {"op": "attn-paged", "status": "declined", "reason": "platform-unsupported", "detail": "cpu"}
+    row = {"op": "norm", "route": "kernel", "reason": "", "bucket": "1", "at": "call"}
+    _write(tmp_path, 1, "MainProcess", [active, declined], [{**row, "count": 2}])
+    _write(tmp_path, 2, "EngineCore", [active, declined], [{**row, "count": 5},
+                                                           {**row, "route": "fallback", "reason": "dtype", "count": 1}])
+    merged = report.merge(report.load(str(tmp_path)))
+    assert [p["name"] for p in merged["processes"]] == ["MainProcess", "EngineCore"]
+    assert {(o["op"], o["processes"]) for o in merged["ops"]} == {("norm", 2), ("attn-paged", 2)}
+    by_route = {(c["route"], c["reason"]): (c["count"], c["processes"]) for c in merged["counts"]}
+    assert by_route == {("kernel", ""): (7, 2), ("fallback", "dtype"): (1, 1)}
+    text = report.render(merged)
+    assert "2 process(es)" in text and "platform-unsupported" in text and "2/2" in text
+
+
+def test_trace_time_counts_are_explained(tmp_path):
+    _write(tmp_path, 1, "MainProcess", [], [{"op": "norm", "route": "kernel", "reason": "", "bucket": "",
+                                             "at": "trace", "count": 4}])
+    assert "replays are not counted" in report.render(report.merge(report.load(str(tmp_path))))
+
+
+def test_load_refuses_empty_dir_and_foreign_format(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        report.load(str(tmp_path))
+    (tmp_path / "infera-x-1.json").write_text(json.dumps({"format": "other/9"}))
+    with pytest.raises(ValueError, match="other/9"):
+        report.load(str(tmp_path))
+
+
+def test_write_report_round_trips_through_merge(tmp_path):
+    coverage.record_op("norm", distribution="infera-norm", version="0.1.0", seam="ir",
+                       decline=Decline("not-implemented", "later"))
+    coverage.record("norm", "fallback", "not-implemented", "1", n=2)
+    path = coverage.write_report(str(tmp_path))
+    merged = report.merge(report.load(str(tmp_path)))
+    assert path.endswith(".json")
+    assert merged["ops"][0]["reason"] == "not-implemented"
+    assert merged["counts"][0]["count"] == 2
+    assert any("norm: declined (not-implemented: later)" == line for line in coverage.summary_lines())
