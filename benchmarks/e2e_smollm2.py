@@ -28,7 +28,7 @@ PRESETS = {
     "cpu": dict(agreement_prompts=2, agreement_tokens=256, throughput_prompts=4, max_tokens=16,
                 llm_kwargs=dict(enforce_eager=True, gpu_memory_utilization=0.2, max_model_len=1024, dtype="bfloat16"),
                 runs=("off", "off2", "on")),
-    "h200": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256,
+    "h200": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                  llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                  runs=("off", "off2", "off-triton", "on")),
 }
@@ -43,7 +43,8 @@ def configs(preset: dict, model: str) -> list[harness.RunConfig]:
         out.append(harness.RunConfig(label=label, plugin=label.startswith("on"), model=model, llm_kwargs=kwargs,
                                      agreement_prompts=preset["agreement_prompts"],
                                      agreement_tokens=preset["agreement_tokens"],
-                                     throughput_prompts=preset["throughput_prompts"], max_tokens=preset["max_tokens"]))
+                                     throughput_prompts=preset["throughput_prompts"], max_tokens=preset["max_tokens"],
+                                     repeats=preset.get("repeats", 1)))
     return out
 
 
@@ -56,7 +57,9 @@ def plot(summary: dict, path: str) -> None:
     runs = summary["runs"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.bar([r["label"] for r in runs], [r["tokens_per_s"] for r in runs], color=["C0" if not r["plugin"] else "C1" for r in runs])
-    a.set_ylabel("generated tokens / s")
+    for i, r in enumerate(runs):  # every timed repeat, the bar is their median
+        a.plot([i] * len(r["tokens_per_s_all"]), r["tokens_per_s_all"], "k.", ms=4)
+    a.set_ylabel("generated tokens / s (median of repeats)")
     a.set_title("throughput (plugin off: blue, on: orange)")
     cmp = [(r["label"], next(v for k, v in r.items() if k.startswith("vs_"))["agreement"]) for r in runs[1:]]
     b.bar([c[0] for c in cmp], [c[1] for c in cmp], color="C2")

@@ -165,3 +165,30 @@ def test_plugin_entry_modules_are_import_light(module):
     from infera_vllm.testing import assert_import_light
 
     assert_import_light(module)
+
+
+FORK = """
+import multiprocessing as mp, os
+from infera_vllm import coverage
+
+def worker():
+    coverage.record("norm", "kernel", bucket="1", n=3)  # leaves through os._exit(): no atexit
+
+if __name__ == "__main__":
+    coverage.configure(report_dir=os.environ["INFERA_VLLM_REPORT_DIR"], strict=False, context={})
+    coverage.record("norm", "kernel", bucket="1", n=5)
+    p = mp.get_context("fork").Process(target=worker, name="EngineCore")
+    p.start(); p.join(60)
+    print("CHILD", p.exitcode)
+"""
+
+
+def test_multiprocessing_fork_child_writes_its_report(tmp_path):
+    script = tmp_path / "fork_main.py"
+    script.write_text(FORK)
+    out = tmp_path / "reports"
+    proc = run_python("", args=(str(script),), fixture_ops=False, env={"INFERA_VLLM_REPORT_DIR": str(out)})
+    assert "CHILD 0" in proc.stdout
+    counts = {r["process"]["name"]: r["counts"][0]["count"] for r in reports(out)}
+    assert counts == {"MainProcess": 5, "EngineCore": 3}
+    assert proc.stderr.count("infera-vllm coverage (pid") == 2  # one exit summary per process, not two

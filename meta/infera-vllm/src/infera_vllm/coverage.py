@@ -35,6 +35,7 @@ _strict = False
 _report_dir: str | None = None
 _started = time.time()
 _exit_hook_installed = False
+_exit_report_written = False
 
 
 class StrictDeclineError(RuntimeError):
@@ -48,6 +49,12 @@ def configure(*, report_dir: str | None, strict: bool, context: dict[str, object
     _context.update(context)
     if report_dir is not None and not _exit_hook_installed:
         atexit.register(_at_exit)
+        # A child that multiprocessing forks (vLLM's engine core and workers on CUDA) leaves through
+        # os._exit(), which skips atexit; multiprocessing runs its finalizers first, so each forked child
+        # registers one (the registry is cleared in the child, then after-fork hooks run).
+        import multiprocessing.util
+
+        multiprocessing.util.register_after_fork(_HOOK_OWNER, _install_child_finalizer)
         _exit_hook_installed = True
 
 
@@ -145,7 +152,24 @@ def summary_lines() -> list[str]:
     return lines[:20]
 
 
+class _HookOwner:  # register_after_fork keeps its owner by weak reference
+    pass
+
+
+_HOOK_OWNER = _HookOwner()
+
+
+def _install_child_finalizer(_owner: object) -> None:
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _at_exit, exitpriority=0)
+
+
 def _at_exit() -> None:
+    global _exit_report_written
+    if _exit_report_written:  # atexit and a multiprocessing finalizer can both fire in one process
+        return
+    _exit_report_written = True
     try:
         path = write_report()
         if _ops or _counts:
@@ -157,9 +181,10 @@ def _at_exit() -> None:
 def _reset_in_child() -> None:
     # A forked worker inherits the parent's counts; its own report must hold only its own calls.
     # Activation verdicts stay: the seams installed in the parent are in the child's memory too.
-    global _started
+    global _started, _exit_report_written
     _counts.clear()
     _started = time.time()
+    _exit_report_written = False
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
