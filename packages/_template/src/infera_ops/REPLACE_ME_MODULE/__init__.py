@@ -1,0 +1,1 @@
+"""REPLACE_ME: what the operator is."""
