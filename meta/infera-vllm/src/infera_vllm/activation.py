@@ -76,16 +76,16 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
         else:
             ctx = OpContext(spec, env, switches)
             try:
-                decline = activate(ctx) if install else _dry_run(activate, ctx)
+                decline = activate(ctx) if install else _dry_run(spec, ctx)
             except Exception as exc:
                 decline = Decline(Reason.ACTIVATE_ERROR, f"{type(exc).__name__}: {exc}")
     return Verdict(spec.name, found.distribution, found.version, spec.seam, decline)
 
 
-def _dry_run(activate, ctx: OpContext) -> Decline | None:
-    """Doctor: an op module may define ``check(ctx)`` beside ``activate`` (same verdict, no side effects);
-    without one, the compatibility checks passing is the verdict."""
-    check = getattr(importlib.import_module(activate.__module__), "check", None)
+def _dry_run(spec: OpSpec, ctx: OpContext) -> Decline | None:
+    """Doctor: the op's module may define ``check(ctx)`` beside ``activate`` (same verdict, no side
+    effects); without one, the compatibility checks passing is the verdict."""
+    check = getattr(importlib.import_module(spec.activate.partition(":")[0]), "check", None)
     return check(ctx) if check is not None else None
 
 

@@ -7,8 +7,6 @@ so asking does not create a CUDA context in the front-end process (which would b
 
 from __future__ import annotations
 
-ROCM_FAMILIES = ("gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201")
-
 
 def detect_gpu_family() -> tuple[str | None, str]:
     """``(family, detail)``; family is ``None`` when it cannot be told, with the reason in ``detail``."""

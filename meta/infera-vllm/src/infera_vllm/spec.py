@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 
 ENTRY_POINT_GROUP = "infera_vllm.ops"
 
+# The families the nox sessions know; "cpu" means the vLLM CPU build with Triton kernels under the
+# interpreter (correctness in CI, not speed).
+GPU_FAMILIES = ("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201")
+
 
 class Reason(str, enum.Enum):
     """Why an operator, or one call of it, did not run on an Infera kernel.

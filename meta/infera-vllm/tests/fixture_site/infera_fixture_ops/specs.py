@@ -1,12 +1,11 @@
-from infera_vllm.spec import OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 
-_ANY = ("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201")
 
 
 def _spec(name, activate="infera_fixture_ops.good:activate", **kw):
     kw.setdefault("vllm", ">=0.24")
     return OpSpec(name=name, distribution="infera-fixture-ops", seam=f"{name} test seam", activate=activate,
-                  gpu_families=_ANY, triton=None, **kw)
+                  gpu_families=GPU_FAMILIES, triton=None, **kw)
 
 
 GOOD = _spec("fixture-good", sites=("rms_norm",))

@@ -1,6 +1,6 @@
 """What infera-attn-paged declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 
 _REGISTRY = "vllm.v1.attention.backends.registry"
 _TRITON = "vllm.v1.attention.backends.triton_attn"
@@ -21,7 +21,7 @@ SPEC = OpSpec(
         Symbol(_TRITON, "TritonAttentionBackend.get_kv_cache_shape", vllm="<0.27"),
         Symbol(_TRITON, "TritonAttentionBackend.supported_kv_cache_layouts", vllm=">=0.32"),
     ),
-    gpu_families=("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
+    gpu_families=GPU_FAMILIES,
     activate="infera_ops.attn_paged.seam:activate",
     sites=("attention",),
 )

@@ -1,6 +1,6 @@
 """What infera-linear-hipblaslt declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 
 SPEC = OpSpec(
     name="linear-hipblaslt",
@@ -14,7 +14,7 @@ SPEC = OpSpec(
         # 0.32 chooses the GEMM once per layer at construction, from the kernel config's linear_backend.
         Symbol("vllm.model_executor.layers.utils", "dispatch_unquantized_gemm", params=("linear_backend",), vllm=">=0.32"),
     ),
-    gpu_families=("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
+    gpu_families=GPU_FAMILIES,
     default_on=False,  # opt-in: INFERA_VLLM_OPS=...,linear-hipblaslt
     activate="infera_ops.linear_hipblaslt.seam:activate",
     sites=("linear",),

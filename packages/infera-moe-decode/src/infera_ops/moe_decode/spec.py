@@ -1,6 +1,6 @@
 """What infera-moe-decode declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 
 SPEC = OpSpec(
     name="moe-decode",
@@ -15,7 +15,7 @@ SPEC = OpSpec(
                params=("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
                        "expert_map", "apply_router_weight_on_input")),
     ),
-    gpu_families=("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
+    gpu_families=GPU_FAMILIES,
     activate="infera_ops.moe_decode.seam:activate",
     sites=("moe",),
 )

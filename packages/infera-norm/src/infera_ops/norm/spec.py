@@ -1,6 +1,6 @@
 """What infera-norm declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 
 _IR_PARAMS = ("provider", "supported", "supports_args")
 
@@ -15,7 +15,7 @@ SPEC = OpSpec(
         Symbol("vllm.ir.ops", "fused_add_rms_norm.register_impl", params=_IR_PARAMS),
         Symbol("vllm.config.kernel", "IrOpPriorityConfig"),
     ),
-    gpu_families=("cpu", "sm80", "sm86", "sm89", "sm90", "sm100", "gfx942", "gfx950", "gfx1100", "gfx1151", "gfx1201"),
+    gpu_families=GPU_FAMILIES,
     activate="infera_ops.norm.seam:activate",
     sites=("rms_norm",),
 )
