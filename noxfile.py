@@ -75,8 +75,14 @@ def tests(session: nox.Session, gpu: str) -> None:
         session.skip(f"{gpu}: no such GPU on this machine (found: {', '.join(sorted(here))})")
     install_stack(session, gpu)
     markers = FAMILIES[gpu]["markers"]
-    session.run("pytest", "-p", "no:cacheprovider", *TEST_DIRS, *(["-m", markers] if markers else []),
-                *session.posargs, env={"INFERA_GPU_FAMILY": gpu})
+    run = ["pytest", "-p", "no:cacheprovider", *TEST_DIRS, *session.posargs]
+    if gpu == "cpu":
+        # Triton's interpreter must be on from interpreter start, and must not reach the vLLM engines
+        # the other tests start: the kernel tests get a pytest of their own.
+        session.run(*run, "-m", f"interpret and ({markers})", env={"INFERA_GPU_FAMILY": gpu, "TRITON_INTERPRET": "1"})
+        session.run(*run, "-m", f"not interpret and ({markers})", env={"INFERA_GPU_FAMILY": gpu})
+    else:
+        session.run(*run, *(["-m", markers] if markers else []), env={"INFERA_GPU_FAMILY": gpu})
 
 
 @nox.session

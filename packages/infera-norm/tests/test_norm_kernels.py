@@ -1,0 +1,77 @@
+"""The Triton kernels against the fp32 reference; on the CPU under Triton's interpreter."""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from infera_ops.norm.reference import fused_add_rms_norm_reference, rms_norm_reference
+
+
+# On the CPU the kernels run under Triton's interpreter, which must be on before triton is first imported
+# (its own tl.* helpers are @jit functions): nox runs this marker in its own pytest with TRITON_INTERPRET=1.
+pytestmark = pytest.mark.interpret
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+pytest.importorskip("triton")
+ops = importlib.import_module("infera_ops.norm.ops")
+
+# (dtype, atol, rtol) against an fp32 reference: one bf16/fp16 rounding of the output, plus the rounding
+# of the normalised row to the weight dtype before the multiply.
+DTYPES = [(torch.bfloat16, 2e-2, 2e-2), (torch.float16, 4e-3, 4e-3)]
+SHAPES = [(1, 64), (3, 576), (5, 123), (7, 2048), (2, 5120), (1, 7168), (17, 96), (4, 1000)]
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _assert_close(got, ref, atol, rtol):
+    assert not torch.isnan(got).any(), "unwritten (poisoned) elements in the output"
+    torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("M, H", SHAPES)
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
+def test_rms_norm(M, H, dtype, atol, rtol):
+    x = torch.randn(M, H, dtype=dtype, device=DEVICE) * 3 + 0.5
+    w = torch.randn(H, dtype=dtype, device=DEVICE)
+    y = ops.rms_norm(x, w, 1e-6, out=_poisoned(x.shape, dtype))
+    assert y.shape == x.shape and y.dtype == dtype
+    _assert_close(y, rms_norm_reference(x, w, 1e-6), atol, rtol)
+
+
+@pytest.mark.parametrize("M, H", SHAPES)
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
+def test_fused_add_rms_norm(M, H, dtype, atol, rtol):
+    x = torch.randn(M, H, dtype=dtype, device=DEVICE)
+    r = torch.randn(M, H, dtype=dtype, device=DEVICE)
+    w = torch.randn(H, dtype=dtype, device=DEVICE)
+    y, h = ops.fused_add_rms_norm(x, r, w, 1e-5, out=_poisoned(x.shape, dtype), residual_out=_poisoned(x.shape, dtype))
+    y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-5)
+    _assert_close(h, h_ref, atol, rtol)
+    _assert_close(y, y_ref, atol, rtol)
+
+
+def test_strided_view_and_leading_dims():
+    # q and k of a fused qkv projection: views with row stride 3*H; and a [B, T, H] input
+    qkv = torch.randn(6, 3 * 128, dtype=torch.bfloat16, device=DEVICE)
+    q = qkv[:, :128]
+    w = torch.randn(128, dtype=torch.bfloat16, device=DEVICE)
+    _assert_close(ops.rms_norm(q, w, 1e-6, out=_poisoned(q.shape, q.dtype)), rms_norm_reference(q, w, 1e-6), 2e-2, 2e-2)
+    x3 = torch.randn(2, 3, 576, dtype=torch.bfloat16, device=DEVICE)
+    w3 = torch.randn(576, dtype=torch.bfloat16, device=DEVICE)
+    _assert_close(ops.rms_norm(x3, w3, 1e-6), rms_norm_reference(x3, w3, 1e-6), 2e-2, 2e-2)
+
+
+def test_without_weight():
+    x = torch.randn(3, 200, dtype=torch.float16, device=DEVICE)
+    _assert_close(ops.rms_norm(x, None, 1e-6), rms_norm_reference(x, None, 1e-6), 4e-3, 4e-3)
+
+
+def test_non_unit_column_stride_is_refused():
+    x = torch.randn(64, 4, dtype=torch.bfloat16, device=DEVICE).t()
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.rms_norm(x, None, 1e-6)
