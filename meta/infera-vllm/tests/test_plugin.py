@@ -30,7 +30,7 @@ def test_failures_are_contained_and_each_has_its_reason(tmp_path):
         "fixture-bad-range": ("declined", "vllm-version"),
         "fixture-bad-spec": ("declined", "spec-error"),
         # the real op wheels still reach their own verdicts beside the broken ones
-        "norm": ("declined", "not-implemented"),
+        "norm": ("declined", "triton-interpreter-off"),  # real kernels: on the CPU only under the interpreter
         "attn-paged": ("declined", "not-implemented"),
         "moe-decode": ("declined", "not-implemented"),
         "linear-hipblaslt": ("declined", "not-requested"),
@@ -60,7 +60,7 @@ def test_allow_and_exclude_lists(tmp_path):
                                 "INFERA_VLLM_OPS_EXCLUDE": "fixture-good"})
     ops = ops_by_name(reports(tmp_path)[0])
     assert ops["fixture-good"]["reason"] == "excluded"
-    assert ops["norm"]["reason"] == "not-implemented"
+    assert ops["norm"]["reason"] == "triton-interpreter-off"
     assert ops["linear-hipblaslt"]["reason"] == "not-implemented"  # opt-in op named: it gets as far as the others
     assert ops["ghost-op"]["reason"] == "not-installed"
     assert ops["attn-paged"]["reason"] == "not-requested"
@@ -134,10 +134,10 @@ def test_spawned_processes_register_and_reports_merge(tmp_path):
     (good,) = [c for c in merged["counts"] if c["op"] == "fixture-good"]
     assert (good["count"], good["processes"]) == (3, 3)
     norm = [o for o in merged["ops"] if o["op"] == "norm"]
-    assert norm == [{"op": "norm", "status": "declined", "reason": "not-implemented", "detail": norm[0]["detail"],
+    assert norm == [{"op": "norm", "status": "declined", "reason": "triton-interpreter-off", "detail": norm[0]["detail"],
                      "processes": 3}]
     text = run_python("", args=("-m", "infera_vllm", "report", str(report_dir)), fixture_ops=False).stdout
-    assert "infera-vllm coverage: 3 process(es)" in text and "not-implemented" in text and "3/3" in text
+    assert "infera-vllm coverage: 3 process(es)" in text and "triton-interpreter-off" in text and "3/3" in text
 
 
 def test_forked_child_reports_only_its_own_calls(tmp_path):

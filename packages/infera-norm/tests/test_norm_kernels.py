@@ -75,3 +75,16 @@ def test_non_unit_column_stride_is_refused():
     x = torch.randn(64, 4, dtype=torch.bfloat16, device=DEVICE).t()
     with pytest.raises(ValueError, match="contiguous"):
         ops.rms_norm(x, None, 1e-6)
+
+
+@pytest.mark.parametrize("M, H", [(3, 576), (5, 2048), (1, 123)])
+def test_fused_add_in_place(M, H):
+    """vLLM's provider contract: the output overwrites x and the sum overwrites the residual."""
+    x = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
+    r = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(H, dtype=torch.bfloat16, device=DEVICE)
+    y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+    y, h = ops.fused_add_rms_norm(x, r, w, 1e-6, out=x, residual_out=r)
+    assert y.data_ptr() == x.data_ptr() and h.data_ptr() == r.data_ptr()
+    _assert_close(x, y_ref, 2e-2, 2e-2)
+    _assert_close(r, h_ref, 2e-2, 2e-2)

@@ -45,6 +45,7 @@ class Verdict:
     version: str
     seam: str
     decline: Decline | None
+    note: str = ""  # what the op's activate() left in ctx.state["note"], e.g. how it was installed
 
     @property
     def active(self) -> bool:
@@ -53,7 +54,7 @@ class Verdict:
     def line(self) -> str:
         where = f"{self.distribution} {self.version}"
         if self.decline is None:
-            return f"infera-vllm: op {self.name} ({where}) activated: {self.seam}"
+            return f"infera-vllm: op {self.name} ({where}) activated: {self.seam}" + (f" [{self.note}]" if self.note else "")
         return f"infera-vllm: op {self.name} ({where}) declined: {self.decline}"
 
 
@@ -68,18 +69,18 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
     if spec is None:
         return Verdict(found.name, found.distribution, found.version, "?", found.problem)
     decline = switches.selection(spec) or compat.check(spec, env)
+    ctx = OpContext(spec, env, switches)
     if decline is None:
         try:
             activate = load_callable(spec.activate)
         except Exception as exc:
             decline = Decline(Reason.IMPORT_ERROR, f"{spec.activate}: {type(exc).__name__}: {exc}")
         else:
-            ctx = OpContext(spec, env, switches)
             try:
                 decline = activate(ctx) if install else _dry_run(spec, ctx)
             except Exception as exc:
                 decline = Decline(Reason.ACTIVATE_ERROR, f"{type(exc).__name__}: {exc}")
-    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline)
+    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline, str(ctx.state.get("note", "")))
 
 
 def _dry_run(spec: OpSpec, ctx: OpContext) -> Decline | None:
@@ -114,7 +115,7 @@ def activate_all(switches: Switches) -> list[Verdict]:
         verdicts.append(Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
     for v in verdicts:
         log.info("%s", v.line())
-        coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline)
+        coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline, note=v.note)
     if not verdicts:
         log.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")
     coverage.write_report()  # the startup verdicts survive even if the process is killed later

@@ -91,7 +91,7 @@ def bucket_tokens(n: int) -> str:
     return f"{hi // 2 + 1}-{hi}"
 
 
-def record_op(name: str, *, distribution: str, version: str, seam: str, decline: Decline | None) -> None:
+def record_op(name: str, *, distribution: str, version: str, seam: str, decline: Decline | None, note: str = "") -> None:
     """Record an op's startup verdict (one entry per op per process)."""
     _ops[name] = {
         "op": name,
@@ -100,7 +100,7 @@ def record_op(name: str, *, distribution: str, version: str, seam: str, decline:
         "seam": seam,
         "status": "active" if decline is None else "declined",
         "reason": "" if decline is None else str(decline.code),
-        "detail": "" if decline is None else decline.detail,
+        "detail": note if decline is None else decline.detail,
     }
 
 

@@ -1,0 +1,144 @@
+"""The ``infera`` provider of vLLM's IR ops ``rms_norm`` and ``fused_add_rms_norm``.
+
+Imported only once the plugin's checks passed (it imports torch and vLLM). The IR implementations are
+thin calls into torch custom ops in the ``infera`` namespace with fake implementations, because under
+Inductor vLLM's lowering pass traces the chosen provider into the graph. ``fused_add_rms_norm`` is in
+place, as vLLM's ``vllm_c`` is: the normalised output overwrites ``x`` and the sum overwrites the
+residual, so the working set is two tensors, not four (this decided the M = 1024 rows measured in
+docs/operators/norm.md).
+
+Per-call decisions are counted in the coverage report: ``at="call"`` for real tensors, ``at="trace"`` when
+vLLM decides on fake tensors while compiling (then the graph runs it any number of times); while Dynamo
+itself traces the provider (vLLM's CPU path) nothing is counted, to keep side effects out of the graph.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from vllm import ir
+
+from infera_ops.norm import ops
+from infera_vllm import coverage
+
+PROVIDER = "infera"
+DTYPES = (torch.bfloat16, torch.float16)
+MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
+_BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
+
+
+@torch.library.custom_op("infera::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
+    return ops.rms_norm(x, weight, epsilon)
+
+
+@rms_norm_op.register_fake
+def _rms_norm_fake(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("infera::fused_add_rms_norm_", mutates_args=("x", "residual"))
+def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
+    ops.fused_add_rms_norm(x, residual, weight, epsilon, out=x, residual_out=residual)
+
+
+@fused_add_rms_norm_op.register_fake
+def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
+    return None
+
+
+def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual: Optional[Tensor] = None,
+                   allow_cpu: bool = False) -> Optional[str]:
+    """Why the kernel cannot take this call (a reason code), or None."""
+    if variance_size is not None:
+        return "variance-size"
+    if x.dtype not in DTYPES:
+        return "dtype"
+    if weight is not None and weight.dtype != x.dtype:
+        return "weight-dtype"
+    if x.shape[-1] > MAX_HIDDEN or x.numel() == 0:
+        return "hidden-size"
+    if x.stride(-1) != 1:
+        return "stride"
+    if residual is not None:
+        # in place: both must be writable through a [M, H] view of themselves
+        if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
+            return "residual-layout"
+        if not (x.dim() == 2 or x.is_contiguous()) or not (residual.dim() == 2 or residual.is_contiguous()):
+            return "residual-layout"
+    if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
+        return "device"
+    return None
+
+
+class _Counts:
+    """Counters made once per key; a call costs a dict lookup."""
+
+    def __init__(self, op_name: str):
+        self.op_name = op_name
+        self.counters: dict = {}
+
+    def __call__(self, reason: Optional[str], x: Tensor) -> None:
+        if torch.compiler.is_compiling():
+            return
+        at = "trace" if isinstance(x, torch._subclasses.FakeTensor) else "call"
+        tokens = x.numel() // max(1, x.shape[-1])
+        key = (reason, _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0", at)
+        hit = self.counters.get(key)
+        if hit is None:
+            route = coverage.KERNEL if reason is None else coverage.FALLBACK
+            hit = self.counters[key] = coverage.counter(self.op_name, route, reason or "", key[1], at)
+        hit()
+
+
+def install(op_name: str, allow_cpu: bool) -> None:
+    """Register the provider with vLLM's IR (idempotent: a forked child already has it)."""
+    if PROVIDER in ir.ops.rms_norm.impls:
+        return
+    count = _Counts(op_name)
+
+    def rms_supports(x, weight, epsilon, variance_size=None):
+        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu)
+        count(reason, x)
+        return reason is None
+
+    def fused_supports(x, x_residual, weight, epsilon, variance_size=None):
+        reason = decline_reason(x, weight, variance_size, x_residual, allow_cpu=allow_cpu)
+        count(reason, x)
+        return reason is None
+
+    # vLLM requires the native signature exactly, annotations included.
+    @ir.ops.rms_norm.register_impl(PROVIDER, supports_args=rms_supports, supported=True)
+    def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
+        return torch.ops.infera.rms_norm(x, weight, epsilon)
+
+    @ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=fused_supports, supported=True, inplace=True)
+    def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
+                           variance_size: int | None = None) -> tuple[Tensor, Tensor]:
+        torch.ops.infera.fused_add_rms_norm_(x, x_residual, weight, epsilon)
+        return x, x_residual
+
+
+def put_first_in_default_priority() -> None:
+    """Make ``infera`` the first provider of both ops in the platform's default priority.
+
+    vLLM appends the platform defaults after a user's ``--ir-op-priority``, so an explicit user choice
+    still wins. Only done when the user named the op in INFERA_VLLM_OPS: end to end, Inductor's fused
+    native code or vllm_c may still be faster, which issue #3 measures before making this the default.
+    """
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    original = cls.get_default_ir_op_priority
+    if getattr(original, "_infera_first", False):
+        return
+
+    def get_default_ir_op_priority(klass, vllm_config):
+        priority = original.__func__(klass, vllm_config)
+        for field in ("rms_norm", "fused_add_rms_norm"):
+            current = [p for p in getattr(priority, field) if p != PROVIDER]
+            setattr(priority, field, [PROVIDER, *current])
+        return priority
+
+    get_default_ir_op_priority._infera_first = True
+    cls.get_default_ir_op_priority = classmethod(get_default_ir_op_priority)

@@ -1,0 +1,79 @@
+"""The provider installed by the real plugin into the real vLLM IR, kernels under Triton's interpreter."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.interpret
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+
+SCRIPT = r"""
+import glob, json, os, sys
+import torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm import ir
+from vllm.platforms import current_platform
+from vllm.model_executor.layers.layernorm import RMSNorm
+from infera_ops.norm.reference import rms_norm_reference, fused_add_rms_norm_reference
+from infera_vllm import coverage
+
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+out = {"priority": current_platform.get_default_ir_op_priority(None).rms_norm if dev == "cpu" else None}
+x = torch.randn(5, 576, dtype=torch.bfloat16, device=dev)
+w = torch.randn(576, dtype=torch.bfloat16, device=dev)
+with ir.ops.rms_norm.set_priority(["infera", "native"]), ir.ops.fused_add_rms_norm.set_priority(["infera", "native"]):
+    y = ir.ops.rms_norm(x, w, 1e-6)
+    rel = lambda got, ref: ((got.float() - ref).abs().max() / ref.abs().max()).item()
+    out["rms_err"] = rel(y, rms_norm_reference(x, w, 1e-6))
+    ir.ops.rms_norm(x.float(), w.float(), 1e-6)  # fp32: declined, native serves
+    from vllm.config import VllmConfig, set_current_vllm_config
+    with set_current_vllm_config(VllmConfig()):
+        layer = RMSNorm(576, eps=1e-6).to(dtype=torch.bfloat16, device=dev)
+    layer.weight.data.copy_(w)
+    out["layer_err"] = rel(layer(x), rms_norm_reference(x, w, 1e-6))
+    r = torch.randn_like(x)
+    y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+    xi, ri = x.clone(), r.clone()
+    y2, h2 = ir.ops.fused_add_rms_norm(xi, ri, w, 1e-6)
+    out["fused_err"] = max(rel(y2, y_ref), rel(h2, h_ref))
+    out["inputs_kept"] = bool(torch.equal(xi, x) and torch.equal(ri, r))  # the functional overload clones for in-place impls
+coverage.write_report()
+rep = json.load(open(glob.glob(os.path.join(os.environ["INFERA_VLLM_REPORT_DIR"], "*.json"))[0]))
+out["ops"] = {o["op"]: [o["status"], o["reason"], o["detail"]] for o in rep["ops"]}
+out["counts"] = sorted((c["route"], c["reason"], c["bucket"], c["count"]) for c in rep["counts"] if c["op"] == "norm")
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _run(tmp_path, **env):
+    full = {**os.environ, "INFERA_VLLM_REPORT_DIR": str(tmp_path), **env}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=full, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.split("RESULT")[-1]), proc.stderr
+
+
+def test_named_op_serves_ir_calls_and_goes_first(tmp_path):
+    res, log = _run(tmp_path, INFERA_VLLM_OPS="norm")
+    assert res["ops"]["norm"][:2] == ["active", ""] and "first in the default IR priority" in res["ops"]["norm"][2]
+    assert "infera-vllm: op norm (infera-norm" in log and "activated" in log
+    if res["priority"] is not None:
+        assert res["priority"][0] == "infera"
+    assert res["rms_err"] < 2e-2 and res["layer_err"] < 2e-2 and res["fused_err"] < 2e-2, res  # two bf16 roundings
+    assert res["inputs_kept"]
+    # rms_norm: the direct call and the RMSNorm layer took the kernel, the fp32 call fell back
+    counts = {(route, reason): n for route, reason, _bucket, n in res["counts"]}
+    assert counts[("kernel", "")] == 3  # two rms_norm calls (direct, layer) + one fused
+    assert counts[("fallback", "dtype")] == 1
+
+
+def test_default_on_keeps_vllm_priority(tmp_path):
+    res, _ = _run(tmp_path)
+    assert res["ops"]["norm"][0] == "active" and "default priority unchanged" in res["ops"]["norm"][2]
+    if res["priority"] is not None:
+        assert "infera" not in res["priority"]
