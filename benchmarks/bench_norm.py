@@ -38,6 +38,8 @@ def copy_ceiling_tb_s() -> float:
 
 
 def providers():
+    # vllm_c's fused add is in place, as vLLM calls it; ours is called in place too (the IR provider's
+    # contract), so both work on two tensors of footprint.
     from vllm import _custom_ops as vllm_ops
     from vllm.ir.ops import layernorm as native
 
@@ -57,7 +59,8 @@ def providers():
                                  dynamic=True)
     return {
         "rms_norm": {"infera": lambda x, r, w: infera.rms_norm(x, w, EPS), "vllm_c": vllm_rms, "native_compiled": native_rms},
-        "fused_add_rms_norm": {"infera": lambda x, r, w: infera.fused_add_rms_norm(x, r, w, EPS), "vllm_c": vllm_fused,
+        "fused_add_rms_norm": {"infera": lambda x, r, w: infera.fused_add_rms_norm(x, r, w, EPS, out=x, residual_out=r),
+                               "vllm_c": vllm_fused,
                                "native_compiled": native_fused},
     }
 
@@ -68,7 +71,10 @@ def main() -> int:
     machine = describe_machine()
     ceiling = copy_ceiling_tb_s()
     rows = []
+    only = [o for o in os.environ.get("BENCH_OPS", "").split(",") if o]  # e.g. BENCH_OPS=fused_add_rms_norm
     for op, impls in providers().items():
+        if only and op not in only:
+            continue
         tensors_moved = 2 if op == "rms_norm" else 4
         for H in HS:
             for M in MS:
@@ -105,8 +111,9 @@ def plot(rows, ceiling, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(HS), figsize=(4 * len(HS), 7), sharey=True)
-    for i, op in enumerate(("rms_norm", "fused_add_rms_norm")):
+    ops_run = sorted({r["op"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(len(ops_run), len(HS), figsize=(4 * len(HS), 3.5 * len(ops_run)), sharey=True, squeeze=False)
+    for i, op in enumerate(ops_run):
         for j, H in enumerate(HS):
             ax = axes[i][j]
             sel = [r for r in rows if r["op"] == op and r["H"] == H]
