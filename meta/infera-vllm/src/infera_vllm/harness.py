@@ -97,7 +97,7 @@ def run_one(cfg: RunConfig) -> dict:
         seconds.append(time.perf_counter() - start)
         generated = sum(len(o.outputs[0].token_ids) for o in gen)
         rates.append(generated / seconds[-1])
-    median = sorted(rates)[len(rates) // 2]
+    median = _median(rates)
     return {"label": cfg.label, "plugin": cfg.plugin, "prompts": prompts, "top1": top1,
             "sample": gen[0].outputs[0].text[:300], "generated_tokens": generated, "seconds": seconds,
             "tokens_per_s": median, "tokens_per_s_all": rates}
@@ -141,22 +141,43 @@ def _spawn(cfg: RunConfig, report_dir: str) -> dict:
         return json.load(f)
 
 
-def compare_runs(configs: list[RunConfig], work_dir: str) -> dict:
-    """Run each configuration in its own process, then compare every run with the first plugin-off run."""
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def compare_runs(configs: list[RunConfig], work_dir: str, rounds: int = 1) -> dict:
+    """Run each configuration in its own process, then compare every run with the first plugin-off run.
+
+    With ``rounds`` > 1 the configurations run in turn (A B A B ...), so slow drift of the machine (clocks,
+    host load) lands on every configuration alike; a run's throughput is then the median of its rounds'
+    medians. Agreement uses the first round (greedy teacher forcing is deterministic per configuration).
+    """
+    by_label: dict[str, list[dict]] = {cfg.label: [] for cfg in configs}
+    for round_index in range(rounds):
+        for cfg in configs:
+            suffix = f"-r{round_index}" if rounds > 1 else ""
+            report_dir = os.path.join(work_dir, f"report-{cfg.label}{suffix}")
+            os.makedirs(report_dir, exist_ok=True)
+            res = _spawn(cfg, report_dir)
+            res["report_dir"] = report_dir
+            by_label[cfg.label].append(res)
     results = []
     for cfg in configs:
-        report_dir = os.path.join(work_dir, f"report-{cfg.label}")
-        os.makedirs(report_dir, exist_ok=True)
-        res = _spawn(cfg, report_dir)
-        res["report_dir"] = report_dir
-        results.append(res)
+        runs = by_label[cfg.label]
+        first = dict(runs[0])
+        first["tokens_per_s"] = _median([r["tokens_per_s"] for r in runs])
+        first["tokens_per_s_all"] = [x for r in runs for x in r["tokens_per_s_all"]]
+        first["tokens_per_s_rounds"] = [r["tokens_per_s"] for r in runs]
+        results.append(first)
     base = next(r for r in results if not r["plugin"])
-    summary = {"runs": [], "model_accuracy": accuracy(base["top1"], base["prompts"])}
+    summary = {"runs": [], "rounds": rounds, "model_accuracy": accuracy(base["top1"], base["prompts"])}
     for r in results:
         row = {"label": r["label"], "plugin": r["plugin"], "tokens_per_s": r["tokens_per_s"],
                "throughput_ratio": r["tokens_per_s"] / base["tokens_per_s"], "sample": r["sample"],
                "report_dir": r["report_dir"], "generated_tokens": r["generated_tokens"], "seconds": r["seconds"],
-               "tokens_per_s_all": r["tokens_per_s_all"]}
+               "tokens_per_s_all": r["tokens_per_s_all"], "tokens_per_s_rounds": r["tokens_per_s_rounds"]}
         if r is not base:
             row["vs_" + base["label"]] = compare(base["top1"], r["top1"])
         summary["runs"].append(row)
