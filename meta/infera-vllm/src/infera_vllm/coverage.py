@@ -79,8 +79,9 @@ def counter(op: str, route: str, reason: str = "", bucket: str = "", at: str = "
 
 def record(op: str, route: str, reason: str = "", bucket: str = "", at: str = "call", n: int = 1) -> None:
     """Count ``n`` calls at once (for callers that are not on a hot path)."""
+    hit = counter(op, route, reason, bucket, at)
     for _ in range(n):
-        counter(op, route, reason, bucket, at)()
+        hit()
 
 
 def bucket_tokens(n: int) -> str:
