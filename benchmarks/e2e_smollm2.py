@@ -31,7 +31,13 @@ PRESETS = {
     "h200": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                  llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                  runs=("off", "off2", "off-triton", "on")),
+    # issue #3's end-to-end question: infera-norm first in the IR priority (compiled, CUDA graphs) vs off
+    "h200-norm": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
+                      llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
+                      runs=("off", "on-norm")),
 }
+# per-run environment beyond plugin on/off
+RUN_ENV = {"on-norm": {"INFERA_VLLM_OPS": "norm"}}
 
 
 def configs(preset: dict, model: str) -> list[harness.RunConfig]:
@@ -41,6 +47,7 @@ def configs(preset: dict, model: str) -> list[harness.RunConfig]:
         if preset is not PRESETS["cpu"]:
             kwargs["attention_config"] = {"backend": "TRITON_ATTN" if label == "off-triton" else "FLASH_ATTN"}
         out.append(harness.RunConfig(label=label, plugin=label.startswith("on"), model=model, llm_kwargs=kwargs,
+                                     env=dict(RUN_ENV.get(label, {})),
                                      agreement_prompts=preset["agreement_prompts"],
                                      agreement_tokens=preset["agreement_tokens"],
                                      throughput_prompts=preset["throughput_prompts"], max_tokens=preset["max_tokens"],

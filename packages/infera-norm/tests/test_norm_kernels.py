@@ -88,3 +88,55 @@ def test_fused_add_in_place(M, H):
     assert y.data_ptr() == x.data_ptr() and h.data_ptr() == r.data_ptr()
     _assert_close(x, y_ref, 2e-2, 2e-2)
     _assert_close(r, h_ref, 2e-2, 2e-2)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("programs, rows, M, H", [(2, 2, 17, 576), (3, 1, 10, 2048), (1, 4, 9, 96)])
+def test_persistent_launch_covers_every_row(fused, programs, rows, M, H):
+    """Fewer programs than row blocks: each program loops; rows past M are masked, none skipped."""
+    from infera_ops.norm.kernels import LaunchConfig
+
+    cfg = LaunchConfig(block_h=1 << (H - 1).bit_length(), rows=rows, num_warps=4, programs=programs, num_stages=2)
+    x = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
+    r = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(H, dtype=torch.bfloat16, device=DEVICE)
+    y, h = _poisoned(x.shape, x.dtype), _poisoned(x.shape, x.dtype)
+    if fused:
+        ops._launch(x, r, h, w, y, 1e-6, config=cfg)
+        y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+        _assert_close(h, h_ref, 2e-2, 2e-2)
+    else:
+        ops._launch(x, None, None, w, y, 1e-6, config=cfg)
+        y_ref = rms_norm_reference(x, w, 1e-6)
+    _assert_close(y, y_ref, 2e-2, 2e-2)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU (the sm90 session runs this)")
+@pytest.mark.parametrize("M, H", [(1, 4096), (37, 576), (1024, 7168), (4096, 2048)])
+def test_cuda_graph_capture_and_replay(M, H):
+    """vLLM captures decode into CUDA graphs: the launch must be capturable (no host sync, no allocation
+    it does not own) and a replay must read the inputs' current contents."""
+    x, r = (torch.empty(M, H, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    w = torch.randn(H, dtype=torch.bfloat16, device=DEVICE)
+    y = torch.empty_like(x)
+    x.normal_(), r.normal_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile) outside the capture, as vLLM does
+        ops.rms_norm(x, w, 1e-6, out=y)
+        ops.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-6)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.rms_norm(x, w, 1e-6, out=y)
+        ops.fused_add_rms_norm(x, r, w, 1e-6, out=x, residual_out=r)
+    for _ in range(2):  # fresh inputs each replay
+        x.copy_(torch.randn_like(x)), r.copy_(torch.randn_like(r))
+        y.fill_(float("nan"))
+        y_ref = rms_norm_reference(x, w, 1e-6)
+        fy_ref, fh_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+        graph.replay()
+        torch.cuda.synchronize()
+        _assert_close(y, y_ref, 2e-2, 2e-2)
+        _assert_close(x, fy_ref, 2e-2, 2e-2)
+        _assert_close(r, fh_ref, 2e-2, 2e-2)

@@ -3,7 +3,7 @@
 import torch
 import triton
 
-from infera_ops.norm.kernels import _rms_norm_fwd_kernel, launch_config
+from infera_ops.norm.kernels import LaunchConfig, _rms_norm_fwd_kernel, launch_config
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -13,18 +13,17 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
 
 
-def _launch(x2, res2, res_out2, weight, y2, eps):
+def _launch(x2, res2, res_out2, weight, y2, eps, config: LaunchConfig | None = None):
     M, H = x2.shape
-    block_h, rows, num_warps = launch_config(M, H)
-    grid = (triton.cdiv(M, rows),)
-    _rms_norm_fwd_kernel[grid](
+    cfg = config or launch_config(M, H, res2 is not None)
+    _rms_norm_fwd_kernel[(cfg.programs,)](
         x2, x2.stride(0),
         res2 if res2 is not None else x2, res2.stride(0) if res2 is not None else 0,
         res_out2 if res_out2 is not None else y2, res_out2.stride(0) if res_out2 is not None else 0,
         weight if weight is not None else x2,
         y2, y2.stride(0), M, H, eps,
-        BLOCK_H=block_h, ROWS=rows, FUSED_ADD=res2 is not None, HAS_WEIGHT=weight is not None,
-        num_warps=num_warps,
+        BLOCK_H=cfg.block_h, ROWS=cfg.rows, FUSED_ADD=res2 is not None, HAS_WEIGHT=weight is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
