@@ -5,5 +5,5 @@ set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
-python3 -m pytest -q -p no:cacheprovider -x packages/infera-norm/tests 2>&1 | tail -15 | tee "$OUT/pytest_norm_sm90.txt"
+python3 -m pytest -q -p no:cacheprovider packages/infera-norm/tests 2>&1 | tail -25 > "$OUT/pytest_norm_sm90.txt"; tail -3 "$OUT/pytest_norm_sm90.txt"
 BENCH_OUT="$OUT" python3 benchmarks/bench_norm.py 2>&1 | tee "$OUT/bench_norm.log" | grep -v -E "^(INFO|WARNING)"

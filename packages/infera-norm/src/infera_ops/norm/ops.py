@@ -1,7 +1,6 @@
 """Launchers for the Triton kernels (plain functions; the vLLM IR provider wraps them in the next step)."""
 
 import torch
-import triton
 
 from infera_ops.norm.kernels import LaunchConfig, _rms_norm_fwd_kernel, launch_config
 
@@ -15,6 +14,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(x2, res2, res_out2, weight, y2, eps, config: LaunchConfig | None = None):
     M, H = x2.shape
+    if M == 0:
+        return
     cfg = config or launch_config(M, H, res2 is not None)
     _rms_norm_fwd_kernel[(cfg.programs,)](
         x2, x2.stride(0),

@@ -10,12 +10,27 @@ docs/operators/norm.md).
 Per-call decisions are counted in the coverage report: ``at="call"`` for real tensors, ``at="trace"`` when
 vLLM decides on fake tensors while compiling (then the graph runs it any number of times); while Dynamo
 itself traces the provider (vLLM's CPU path) nothing is counted, to keep side effects out of the graph.
+Decisions on fake tensors never read a symbolic size as a number: that would specialise the token
+dimension of vLLM's compiled graph and fail its dynamic-shape guards (measured on vLLM 0.26: the engine
+did not start).
+
+Two hand-overs to vLLM's own kernels, both counted with a reason:
+- ``eager-launch-cost`` (declined in ``supports_args``, so vLLM's next provider serves): an eager call
+  (real tensors, no CUDA-graph capture) below ``EAGER_MIN_TOKENS``. Triton's Python launch costs ~36 us
+  of host time per call on the H200's host against ~10 us for vllm_c's C++ op
+  (benchmarks/results/h200/norm-tune/), which a small batch cannot hide. Under CUDA graphs and inside
+  compiled graphs the decision is taken once, at capture / trace time, and the kernel serves.
+- ``vllm-c-faster`` (inside ``infera::fused_add_rms_norm_``, at run time, so also inside compiled
+  graphs): the in-place fused add with rows of >= 4096 at 512-2048 tokens, where vllm_c's kernel was
+  faster with the inputs in L2 (0.83-0.95x, same sweep); the call goes to ``torch.ops._C`` when vLLM
+  built it.
 """
 
 from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 from vllm import ir
 
 from infera_ops.norm import ops
@@ -24,7 +39,33 @@ from infera_vllm import coverage
 PROVIDER = "infera"
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
+EAGER_MIN_TOKENS = 4096  # eager calls below this go to vLLM's C++ kernel (launch cost, see above)
 _BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
+
+
+def _vllm_c_hands_over(tokens: int, hidden: int) -> bool:
+    """The fused add's shapes where vllm_c measured faster (H200 sweep): rows of >= 4096, 512-2048 tokens."""
+    return hidden > 2048 and 512 <= tokens <= 2048
+
+
+def _vllm_c_fused_add():
+    """vLLM's own in-place fused add (``torch.ops._C.fused_add_rms_norm``), or None where not built."""
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads vllm._C, which registers torch.ops._C)
+
+        return torch.ops._C.fused_add_rms_norm.default
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+
+
+def _concrete_tokens(x: Tensor) -> Optional[int]:
+    """Tokens (rows) of x, or None while x's leading sizes are symbolic (reading them would guard)."""
+    tokens = 1
+    for size in x.shape[:-1]:
+        if not isinstance(size, int):
+            return None
+        tokens *= size
+    return tokens
 
 
 @torch.library.custom_op("infera::rms_norm", mutates_args=())
@@ -37,8 +78,16 @@ def _rms_norm_fake(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tenso
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+_handover = {"count": None, "vllm_c": None}  # set by install()
+
+
 @torch.library.custom_op("infera::fused_add_rms_norm_", mutates_args=("x", "residual"))
 def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
+    vllm_c = _handover["vllm_c"]
+    if vllm_c is not None and _vllm_c_hands_over(x.numel() // x.shape[-1], x.shape[-1]):
+        _handover["count"]("vllm-c-faster", x)
+        vllm_c(x, residual, weight, epsilon)
+        return
     ops.fused_add_rms_norm(x, residual, weight, epsilon, out=x, residual_out=residual)
 
 
@@ -47,16 +96,29 @@ def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Optional[Tenso
     return None
 
 
+def _flat_rows(t: Tensor) -> bool:
+    """Whether ``t.view(-1, H)`` aliases t (an in-place result written there lands in t); symbolic sizes are
+    compared without guarding (undecidable counts as no)."""
+    if t.dim() == 2:
+        return True
+    expected = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if not guard_or_false(stride == expected):
+            return False
+        expected = expected * size
+    return True
+
+
 def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual: Optional[Tensor] = None,
-                   allow_cpu: bool = False) -> Optional[str]:
-    """Why the kernel cannot take this call (a reason code), or None."""
+                   allow_cpu: bool = False, eager_min_tokens: int = 0) -> Optional[str]:
+    """Why the kernel should not take this call (a reason code), or None. Reads no symbolic size."""
     if variance_size is not None:
         return "variance-size"
     if x.dtype not in DTYPES:
         return "dtype"
     if weight is not None and weight.dtype != x.dtype:
         return "weight-dtype"
-    if x.shape[-1] > MAX_HIDDEN or x.numel() == 0:
+    if x.shape[-1] > MAX_HIDDEN:
         return "hidden-size"
     if x.stride(-1) != 1:
         return "stride"
@@ -64,10 +126,15 @@ def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual:
         # in place: both must be writable through a [M, H] view of themselves
         if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
             return "residual-layout"
-        if not (x.dim() == 2 or x.is_contiguous()) or not (residual.dim() == 2 or residual.is_contiguous()):
+        if not (_flat_rows(x) and _flat_rows(residual)):
             return "residual-layout"
     if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
         return "device"
+    if eager_min_tokens and not isinstance(x, torch._subclasses.FakeTensor) and not torch.compiler.is_compiling():
+        tokens = _concrete_tokens(x)
+        capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if tokens is not None and tokens < eager_min_tokens and not capturing:
+            return "eager-launch-cost"
     return None
 
 
@@ -82,8 +149,9 @@ class _Counts:
         if torch.compiler.is_compiling():
             return
         at = "trace" if isinstance(x, torch._subclasses.FakeTensor) else "call"
-        tokens = x.numel() // max(1, x.shape[-1])
-        key = (reason, _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0", at)
+        tokens = _concrete_tokens(x)
+        bucket = "dynamic" if tokens is None else _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0"
+        key = (reason, bucket, at)
         hit = self.counters.get(key)
         if hit is None:
             route = coverage.KERNEL if reason is None else coverage.FALLBACK
@@ -96,14 +164,19 @@ def install(op_name: str, allow_cpu: bool) -> None:
     if PROVIDER in ir.ops.rms_norm.impls:
         return
     count = _Counts(op_name)
+    # On the CPU (interpreter, validation only) neither hand-over applies: launch cost is not the question
+    # there, and the tests must reach the kernel.
+    eager_min = 0 if allow_cpu else EAGER_MIN_TOKENS
+    _handover["count"] = count
+    _handover["vllm_c"] = None if allow_cpu else _vllm_c_fused_add()
 
     def rms_supports(x, weight, epsilon, variance_size=None):
-        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu)
+        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu, eager_min_tokens=eager_min)
         count(reason, x)
         return reason is None
 
     def fused_supports(x, x_residual, weight, epsilon, variance_size=None):
-        reason = decline_reason(x, weight, variance_size, x_residual, allow_cpu=allow_cpu)
+        reason = decline_reason(x, weight, variance_size, x_residual, allow_cpu=allow_cpu, eager_min_tokens=eager_min)
         count(reason, x)
         return reason is None
 

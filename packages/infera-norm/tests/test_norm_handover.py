@@ -1,0 +1,58 @@
+"""The two hand-overs to vLLM's own kernels (provider.py): eager launch cost, and the fused add's shapes
+where vllm_c measured faster. vLLM's real kernels serve; no Triton kernel runs here."""
+
+import pytest
+import torch
+
+provider = pytest.importorskip("infera_ops.norm.provider")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM's CUDA build has no CPU kernels
+
+
+def _x(tokens, hidden=576):
+    return torch.randn(tokens, hidden, dtype=torch.bfloat16, device=DEVICE)
+
+
+@pytest.mark.parametrize("tokens, eager_min, expected", [
+    (16, 4096, "eager-launch-cost"), (4095, 4096, "eager-launch-cost"), (4096, 4096, None), (16, 0, None),
+])
+def test_eager_calls_below_the_threshold_are_declined(tokens, eager_min, expected):
+    x = _x(tokens)
+    got = provider.decline_reason(x, torch.randn(576, dtype=torch.bfloat16, device=DEVICE), None, allow_cpu=True,
+                                  eager_min_tokens=eager_min)
+    assert got == expected
+
+
+def test_fake_tensors_are_not_declined_for_launch_cost():
+    """While vLLM compiles, the choice is baked into a graph that CUDA graphs replay: no launch cost."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(16, 576, dtype=torch.bfloat16)
+        w = torch.empty(576, dtype=torch.bfloat16)
+        assert provider.decline_reason(x, w, None, allow_cpu=True, eager_min_tokens=4096) is None
+
+
+@pytest.mark.parametrize("tokens, hidden, hands_over", [
+    (1024, 4096, True), (512, 7168, True), (2048, 8192, True), (256, 8192, False), (4096, 7168, False),
+    (1024, 2048, False), (1024, 576, False),
+])
+def test_fused_add_band_handed_to_vllm_c(tokens, hidden, hands_over):
+    assert provider._vllm_c_hands_over(tokens, hidden) is hands_over
+
+
+def test_fused_add_op_hands_over_in_place_and_counts(monkeypatch):
+    vllm_c = provider._vllm_c_fused_add()
+    if vllm_c is None:
+        pytest.skip("this vLLM build has no torch.ops._C.fused_add_rms_norm")
+    seen = []
+    monkeypatch.setitem(provider._handover, "vllm_c", vllm_c)
+    monkeypatch.setitem(provider._handover, "count", lambda reason, x: seen.append((reason, x.shape[0])))
+    x, r = _x(512, 4096), _x(512, 4096)
+    w = torch.randn(4096, dtype=torch.bfloat16, device=DEVICE)
+    from infera_ops.norm.reference import fused_add_rms_norm_reference
+
+    y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+    torch.ops.infera.fused_add_rms_norm_(x, r, w, 1e-6)
+    assert seen == [("vllm-c-faster", 512)]
+    torch.testing.assert_close(r.float(), h_ref.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(x.float(), y_ref.float(), atol=2e-2, rtol=2e-2)
