@@ -60,7 +60,8 @@ def _run(tmp_path, **env):
 
 
 def test_named_op_serves_ir_calls_and_goes_first(tmp_path):
-    res, log = _run(tmp_path, INFERA_VLLM_OPS="norm")
+    # eager calls of 5 tokens: on a GPU they would go to vllm_c for launch cost, unless told otherwise
+    res, log = _run(tmp_path, INFERA_VLLM_OPS="norm", INFERA_NORM_EAGER_MIN_TOKENS="0")
     assert res["ops"]["norm"][:2] == ["active", ""] and "first in the default IR priority" in res["ops"]["norm"][2]
     assert "infera-vllm: op norm (infera-norm" in log and "activated" in log
     if res["priority"] is not None:
@@ -71,6 +72,14 @@ def test_named_op_serves_ir_calls_and_goes_first(tmp_path):
     counts = {(route, reason): n for route, reason, _bucket, n in res["counts"]}
     assert counts[("kernel", "")] == 3  # two rms_norm calls (direct, layer) + one fused
     assert counts[("fallback", "dtype")] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch-cost hand-over applies on GPUs only")
+def test_small_eager_calls_go_to_vllm_c_on_gpus(tmp_path):
+    res, _ = _run(tmp_path, INFERA_VLLM_OPS="norm")
+    counts = {(route, reason): n for route, reason, _bucket, n in res["counts"]}
+    assert counts[("fallback", "eager-launch-cost")] == 3 and ("kernel", "") not in counts, counts
+    assert res["rms_err"] < 2e-2 and res["layer_err"] < 2e-2 and res["fused_err"] < 2e-2, res
 
 
 def test_default_on_keeps_vllm_priority(tmp_path):

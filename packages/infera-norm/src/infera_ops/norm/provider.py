@@ -26,6 +26,7 @@ Two hand-overs to vLLM's own kernels, both counted with a reason:
   built it.
 """
 
+import os
 from typing import Optional
 
 import torch
@@ -41,6 +42,16 @@ DTYPES = (torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
 EAGER_MIN_TOKENS = 4096  # eager calls below this go to vLLM's C++ kernel (launch cost, see above)
 _BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
+
+
+def eager_min_tokens() -> int:
+    """``INFERA_NORM_EAGER_MIN_TOKENS`` (0 = never hand eager calls over), default EAGER_MIN_TOKENS."""
+    raw = os.environ.get("INFERA_NORM_EAGER_MIN_TOKENS", "").strip()
+    if not raw:
+        return EAGER_MIN_TOKENS
+    if not raw.isdigit():
+        raise ValueError(f"INFERA_NORM_EAGER_MIN_TOKENS={raw!r}: expected a token count >= 0")
+    return int(raw)
 
 
 def _vllm_c_hands_over(tokens: int, hidden: int) -> bool:
@@ -166,7 +177,7 @@ def install(op_name: str, allow_cpu: bool) -> None:
     count = _Counts(op_name)
     # On the CPU (interpreter, validation only) neither hand-over applies: launch cost is not the question
     # there, and the tests must reach the kernel.
-    eager_min = 0 if allow_cpu else EAGER_MIN_TOKENS
+    eager_min = 0 if allow_cpu else eager_min_tokens()
     _handover["count"] = count
     _handover["vllm_c"] = None if allow_cpu else _vllm_c_fused_add()
 
