@@ -14,7 +14,6 @@ attention kernel moves the numbers).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -35,15 +34,21 @@ PRESETS = {
     "h200-norm": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                       llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                       runs=("off", "on-norm")),
+    # how far vLLM's own two norm providers (compiled native, vllm_c) disagree, beside infera's
+    "h200-norm-numerics": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256,
+                               repeats=3, llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048,
+                                                          dtype="bfloat16"),
+                               runs=("off", "off-vllm-c", "on-norm")),
 }
-# per-run environment beyond plugin on/off
+# per-run environment and LLM arguments beyond plugin on/off
 RUN_ENV = {"on-norm": {"INFERA_VLLM_OPS": "norm"}}
+RUN_KWARGS = {"off-vllm-c": {"ir_op_priority": {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}}}
 
 
 def configs(preset: dict, model: str) -> list[harness.RunConfig]:
     out = []
     for label in preset["runs"]:
-        kwargs = dict(preset["llm_kwargs"])
+        kwargs = {**preset["llm_kwargs"], **RUN_KWARGS.get(label, {})}
         if preset is not PRESETS["cpu"]:
             kwargs["attention_config"] = {"backend": "TRITON_ATTN" if label == "off-triton" else "FLASH_ATTN"}
         out.append(harness.RunConfig(label=label, plugin=label.startswith("on"), model=model, llm_kwargs=kwargs,

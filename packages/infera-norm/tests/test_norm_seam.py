@@ -100,10 +100,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 env = ShapeEnv()
 tokens = env.create_symintnode(env.create_symbol(16384, ConstantSource("tokens")), hint=16384)
+dev = "cuda" if torch.cuda.is_available() else "cpu"
 with FakeTensorMode(shape_env=env):
-    x = torch.empty(tokens, 576, dtype=torch.bfloat16)
+    x = torch.empty(tokens, 576, dtype=torch.bfloat16, device=dev)
     r = torch.empty_like(x)  # the same token symbol, as in vLLM's graph
-    w = torch.empty(576, dtype=torch.bfloat16)
+    w = torch.empty(576, dtype=torch.bfloat16, device=dev)
     x3 = x.view(1, tokens, 576)
     taken = [ir.ops.rms_norm.impls["infera"].supports_args(x, w, 1e-6),
              ir.ops.fused_add_rms_norm.impls["infera"].supports_args(x, r, w, 1e-6),
