@@ -80,12 +80,20 @@ def test_strict_per_call_decline_raises():
 from infera_vllm import coverage
 coverage.configure(report_dir=None, strict=True, context={})
 coverage.counter("norm", "kernel")()
+coverage.counter("norm", "handover", "vllm-c-faster", "1")()  # by design: strict lets it through
+print("HANDOVER COUNTED")
 try:
     coverage.counter("norm", "fallback", "dtype", "1")()
 except coverage.StrictDeclineError as exc:
     print("RAISED", exc)
+try:
+    coverage.counter("norm", "skipped")
+except ValueError as exc:
+    print("BAD ROUTE", exc)
 """, fixture_ops=False)
+    assert "HANDOVER COUNTED" in proc.stdout
     assert "RAISED INFERA_VLLM_STRICT=1: norm declined a call (dtype, 1)" in proc.stdout
+    assert "BAD ROUTE route must be one of" in proc.stdout
 
 
 def test_malformed_switch_is_a_clear_error(tmp_path):

@@ -58,7 +58,8 @@ def test_fused_add_op_hands_over_in_place_and_counts(monkeypatch):
     torch.testing.assert_close(x.float(), y_ref.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("raw, expected", [("", 4096), ("0", 0), (" 512 ", 512), ("lots", None), ("-1", None)])
+@pytest.mark.parametrize("raw, expected", [("", provider.EAGER_NEVER), ("0", 0), (" 512 ", 512), ("lots", None),
+                                           ("-1", None)])
 def test_eager_threshold_switch(monkeypatch, raw, expected):
     monkeypatch.setenv("INFERA_NORM_EAGER_MIN_TOKENS", raw)
     if expected is None:  # activate() raises it: the op is declined 'activate-error' with this message

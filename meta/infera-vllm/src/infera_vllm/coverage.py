@@ -24,7 +24,10 @@ from infera_vllm import log
 from infera_vllm.spec import Decline
 
 REPORT_FORMAT = "infera-vllm-report/1"
-KERNEL, FALLBACK = "kernel", "fallback"
+# kernel: an Infera kernel ran. fallback: it could not serve the call (a capability limit; strict mode
+# raises). handover: it could, but vLLM's kernel is measured faster there, so that one ran by design.
+KERNEL, FALLBACK, HANDOVER = "kernel", "fallback", "handover"
+ROUTES = (KERNEL, FALLBACK, HANDOVER)
 AT = ("call", "trace", "plan")
 
 
@@ -60,8 +63,8 @@ def configure(*, report_dir: str | None, strict: bool, context: dict[str, object
 
 def counter(op: str, route: str, reason: str = "", bucket: str = "", at: str = "call") -> Callable[[], None]:
     """A zero-argument function that counts one routed call with this key."""
-    if route not in (KERNEL, FALLBACK) or at not in AT:
-        raise ValueError(f"route must be {KERNEL}/{FALLBACK} and at one of {AT}, got {route!r}, {at!r}")
+    if route not in ROUTES or at not in AT:
+        raise ValueError(f"route must be one of {ROUTES} and at one of {AT}, got {route!r}, {at!r}")
     key = (op, route, str(reason), bucket, at)
     if route == FALLBACK and _strict:
 

@@ -14,16 +14,19 @@ Decisions on fake tensors never read a symbolic size as a number: that would spe
 dimension of vLLM's compiled graph and fail its dynamic-shape guards (measured on vLLM 0.26: the engine
 did not start).
 
-Two hand-overs to vLLM's own kernels, both counted with a reason:
-- ``eager-launch-cost`` (declined in ``supports_args``, so vLLM's next provider serves): an eager call
-  (real tensors, no CUDA-graph capture) below ``EAGER_MIN_TOKENS``. Triton's Python launch costs ~36 us
-  of host time per call on the H200's host against ~10 us for vllm_c's C++ op
-  (benchmarks/results/h200/norm-tune/), which a small batch cannot hide. Under CUDA graphs and inside
-  compiled graphs the decision is taken once, at capture / trace time, and the kernel serves.
+Two hand-overs to vLLM's own kernels, counted as route ``handover`` with a reason (by design, so
+``INFERA_VLLM_STRICT=1`` lets them through):
+- ``eager-launch-cost`` (declined in ``supports_args``, so vLLM's next provider serves): a call on real
+  tensors outside CUDA-graph capture, i.e. vLLM running eagerly. Through the torch custom op Triton's
+  Python launch costs 50-150 us of host time per call on the H200's host, vllm_c's C++ op ~5-10 us
+  (benchmarks/results/h200/norm-final/: eager rows 0.05-0.5x up to 4096 tokens, 1.0-1.15x only at
+  16384 with H >= 2048). So by default the kernel serves only calls that are captured in CUDA graphs
+  or baked into compiled graphs (decided once, at capture / trace time); ``INFERA_NORM_EAGER_MIN_TOKENS=N``
+  serves eager calls from N tokens on (0: all).
 - ``vllm-c-faster`` (inside ``infera::fused_add_rms_norm_``, at run time, so also inside compiled
   graphs): the in-place fused add with rows of >= 4096 at 512-2048 tokens, where vllm_c's kernel was
-  faster with the inputs in L2 (0.83-0.95x, same sweep); the call goes to ``torch.ops._C`` when vLLM
-  built it.
+  faster with the inputs in L2 (0.83-0.95x, benchmarks/results/h200/norm-tune/); the call goes to
+  ``torch.ops._C`` when vLLM built it.
 """
 
 import os
@@ -40,15 +43,17 @@ from infera_vllm import coverage
 PROVIDER = "infera"
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
-EAGER_MIN_TOKENS = 4096  # eager calls below this go to vLLM's C++ kernel (launch cost, see above)
+EAGER_NEVER = 1 << 62  # default: eager calls always go to vLLM's next provider (launch cost, see above)
 _BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
+HANDOVERS = ("eager-launch-cost", "vllm-c-faster")  # by design, not capability limits
 
 
 def eager_min_tokens() -> int:
-    """``INFERA_NORM_EAGER_MIN_TOKENS`` (0 = never hand eager calls over), default EAGER_MIN_TOKENS."""
+    """Eager calls from this many tokens on are served: ``INFERA_NORM_EAGER_MIN_TOKENS`` (0 = all); unset,
+    none (EAGER_NEVER)."""
     raw = os.environ.get("INFERA_NORM_EAGER_MIN_TOKENS", "").strip()
     if not raw:
-        return EAGER_MIN_TOKENS
+        return EAGER_NEVER
     if not raw.isdigit():
         raise ValueError(f"INFERA_NORM_EAGER_MIN_TOKENS={raw!r}: expected a token count >= 0")
     return int(raw)
@@ -165,7 +170,7 @@ class _Counts:
         key = (reason, bucket, at)
         hit = self.counters.get(key)
         if hit is None:
-            route = coverage.KERNEL if reason is None else coverage.FALLBACK
+            route = coverage.KERNEL if reason is None else coverage.HANDOVER if reason in HANDOVERS else coverage.FALLBACK
             hit = self.counters[key] = coverage.counter(self.op_name, route, reason or "", key[1], at)
         hit()
 

@@ -1,14 +1,18 @@
 """Installs infera-norm: the ``infera`` provider of vLLM's IR ``rms_norm`` / ``fused_add_rms_norm``.
 
 Registered whenever the checks pass, so ``--ir-op-priority '{"rms_norm": ["infera"], ...}'`` can pick it.
-It goes first in vLLM's default priority only when the user names the op in ``INFERA_VLLM_OPS``: the
-kernels beat vllm_c under CUDA graphs on the H200 (docs/operators/norm.md) but the end-to-end comparison
-with Inductor's fused native code is still open (issue #3), and we do not ship an unmeasured default.
+It goes first in vLLM's default priority on the GPU families where that was measured not to lose
+(``FIRST_BY_DEFAULT``: sm90, H200 with vLLM 0.26, docs/operators/norm.md), or anywhere the user names the
+op in ``INFERA_VLLM_OPS``; a user's own ``--ir-op-priority`` still wins (vLLM puts it before the defaults).
 """
 
 import os
 
 from infera_vllm.spec import Decline
+
+# Families where infera goes first without being named: kernels >= vllm_c under CUDA graphs at every
+# measured shape (hand-overs included) and SmolLM2 end to end not slower (H200, vLLM 0.26).
+FIRST_BY_DEFAULT = ("sm90",)
 
 
 def check(ctx) -> Decline | None:
@@ -25,8 +29,12 @@ def activate(ctx) -> Decline | None:
     from infera_ops.norm import provider
 
     provider.install(ctx.spec.name, allow_cpu=ctx.env.gpu_family == "cpu")
-    first = ctx.switches.requested_explicitly(ctx.spec.name)
-    if first:
+    named = ctx.switches.requested_explicitly(ctx.spec.name)
+    validated = ctx.env.gpu_family in FIRST_BY_DEFAULT
+    if named or validated:
         provider.put_first_in_default_priority()
-    ctx.state["note"] = "first in the default IR priority" if first else "registered, default priority unchanged"
+        why = "named in INFERA_VLLM_OPS" if named else f"measured on {ctx.env.gpu_family}"
+        ctx.state["note"] = f"first in the default IR priority ({why})"
+    else:
+        ctx.state["note"] = "registered, default priority unchanged"
     return None
