@@ -1,5 +1,47 @@
-"""Placeholder seam until the decode MoE experts kernel lands (issue #5)."""
+"""Installs infera-moe-decode: vLLM's unquantized MoE method with the decode experts kernel (experts.py).
 
-from infera_vllm.placeholder import not_implemented
+Declines at startup, with its reason: on the CPU without ``TRITON_INTERPRET=1`` (``triton-interpreter-off``)
+or before vLLM 0.32 (``cpu-monolithic``: the CPU path has no experts class to extend); a GPU family
+without a tuning file (``not-tuned``) unless ``INFERA_MOE_DECODE_MAX_TOKENS`` is set; an unreadable
+tuning file or switch (``bad-tuning``).
+"""
 
-check, activate = not_implemented("the decode MoE experts kernel lands with issue #5")
+import os
+
+from infera_vllm.compat import version_in
+from infera_vllm.spec import Decline
+
+
+def _tuning(ctx):
+    from infera_ops.moe_decode import tuning
+
+    try:
+        found = tuning.load(ctx.env.gpu_family or "unknown")
+    except tuning.TuningError as exc:
+        return None, Decline("bad-tuning", str(exc))
+    if found is None:
+        return None, Decline("not-tuned", f"no tuning file for {ctx.env.gpu_family}: run "
+                                          "benchmarks/tune_moe_decode.py on that GPU, or set INFERA_MOE_DECODE_MAX_TOKENS")
+    return found, None
+
+
+def check(ctx) -> Decline | None:
+    if ctx.env.gpu_family == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
+                                                     "(validation); vLLM's CPU experts serve")
+        if ctx.env.vllm and not version_in(ctx.env.vllm, ">=0.32"):
+            return Decline("cpu-monolithic", f"vLLM {ctx.env.vllm}'s CPU MoE is monolithic (no experts class to extend)")
+    return _tuning(ctx)[1]
+
+
+def activate(ctx) -> Decline | None:
+    decline = check(ctx)
+    if decline is not None:
+        return decline
+    found, _ = _tuning(ctx)
+    from infera_ops.moe_decode import experts
+
+    experts.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu")
+    ctx.state["note"] = f"serves up to {found.max_tokens} tokens ({found.source})"
+    return None

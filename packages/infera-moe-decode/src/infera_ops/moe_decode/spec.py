@@ -5,11 +5,12 @@ from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 SPEC = OpSpec(
     name="moe-decode",
     distribution="infera-moe-decode",
-    seam="out-of-tree UnquantizedFusedMoEMethod whose experts subclass TritonExperts",
+    seam="out-of-tree UnquantizedFusedMoEMethod whose experts subclass vLLM's (TritonExperts on GPUs)",
     summary="SwiGLU experts for M <= 16 tokens (Triton GEMV, fused router weight and top-k reduction)",
     vllm=">=0.24,<0.33",
     requires=(
         Symbol("vllm.model_executor.layers.fused_moe", "UnquantizedFusedMoEMethod.register_oot"),
+        Symbol("vllm.model_executor.custom_op", "op_registry_oot"),
         Symbol("vllm.model_executor.layers.fused_moe.oracle.unquantized", "UnquantizedMoeBackend.TRITON"),
         Symbol("vllm.model_executor.layers.fused_moe.experts.triton_moe", "TritonExperts.apply",
                params=("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# On the GPU machine after the vLLM 0.26.0 staging: infera-moe-decode's kernel tests at GPU sizes, then
+# its kernels vs vLLM's fused_experts (benchmarks/bench_moe_decode.py).
+set -uo pipefail
+export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
+python3 -m pytest -q -p no:cacheprovider packages/infera-moe-decode/tests -k "not vllm" 2>&1 | tail -25 > "$OUT/pytest_moe_decode_sm90.txt"
+tail -3 "$OUT/pytest_moe_decode_sm90.txt"
+BENCH_OUT="$OUT" timeout 240 python3 benchmarks/bench_moe_decode.py 2>&1 | tee "$OUT/bench_moe_decode.log" | grep -v -E "^(INFO|WARNING)"

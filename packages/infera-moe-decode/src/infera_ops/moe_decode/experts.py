@@ -1,0 +1,98 @@
+"""The vLLM side of infera-moe-decode: an out-of-tree ``UnquantizedFusedMoEMethod`` whose experts class
+is vLLM's own with ``apply`` taking the calls the guard allows (guard.py) and passing the rest to the
+parent, so routing, top-k, prepare/finalize, weight loading and the ``moe_forward`` op stay vLLM's.
+
+Imported only once the plugin's checks passed (it imports torch and vLLM).
+
+- CUDA/ROCm: only where vLLM itself chose its Triton experts (``UnquantizedMoeBackend.TRITON``, the sm90
+  default) and the user did not pick a MoE backend; the parent is ``TritonExperts``, so every call the
+  guard hands over runs exactly what vLLM would have run. Elsewhere the layer keeps vLLM's choice and the
+  report counts it (``vllm-backend-<name>``, ``user-moe-backend``).
+- CPU (vLLM 0.32, Triton interpreter, validation only): the parent is vLLM's chosen CPU experts class,
+  which prepacks the weights after loading; the kernel keeps the unpacked ``[E, 2I, H]`` / ``[E, H, I]``
+  tensors (twice the expert memory: fine for tests, not for serving). Under Dynamo (vLLM's CPU path traces
+  into the experts) the parent serves.
+"""
+
+import torch
+from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+from infera_ops.moe_decode import guard, ops
+from infera_ops.moe_decode.tuning import Tuning
+from infera_vllm import coverage
+
+_BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
+
+
+class _Counts:
+    """Counters made once per key; a call costs a dict lookup."""
+
+    def __init__(self, op_name: str):
+        self.op_name, self.counters = op_name, {}
+
+    def __call__(self, reason: str | None, tokens: int, at: str = "call") -> None:
+        key = (reason, _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0", at)
+        hit = self.counters.get(key)
+        if hit is None:
+            route = (coverage.KERNEL if reason is None else
+                     coverage.HANDOVER if reason in guard.HANDOVERS else coverage.FALLBACK)
+            hit = self.counters[key] = coverage.counter(self.op_name, route, reason or "", key[1], key[2])
+        hit()
+
+
+def _experts_class(base: type, tuning: Tuning, count: _Counts, keep_unpacked: bool) -> type:
+    class InferaDecodeExperts(base):
+        def process_weights_after_loading(self, layer) -> None:
+            if keep_unpacked:  # before the parent repacks them into its own layout
+                self._infera_weights = (layer.w13_weight.data, layer.w2_weight.data)
+            super().process_weights_after_loading(layer)
+
+        def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                  expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                  apply_router_weight_on_input):
+            args = (output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                    expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                    apply_router_weight_on_input)
+            if torch.compiler.is_compiling():  # Dynamo traces this on the CPU path: no side effects there
+                return super().apply(*args)
+            kw1, kw2 = getattr(self, "_infera_weights", (w1, w2))
+            reason = guard.decline_reason(hidden_states, kw1, kw2, topk_ids, activation, expert_map,
+                                          apply_router_weight_on_input, a1q_scale, getattr(self, "w1_bias", None),
+                                          getattr(self, "w2_bias", None), tuning.max_tokens)
+            capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
+            count(reason, hidden_states.shape[0], "plan" if capturing else "call")
+            if reason is not None:
+                return super().apply(*args)
+            ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output, config=tuning.config)
+            return None
+
+    return InferaDecodeExperts
+
+
+def install(op_name: str, tuning: Tuning, cpu: bool) -> None:
+    """Register the out-of-tree MoE method (idempotent: a forked child already has it)."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    if "UnquantizedFusedMoEMethod" in op_registry_oot:
+        return
+    count = _Counts(op_name)
+    layer_count = _Counts(op_name)  # per-layer decisions at construction ("plan")
+
+    @UnquantizedFusedMoEMethod.register_oot
+    class InferaDecodeMoEMethod(UnquantizedFusedMoEMethod):
+        def __init__(self, moe):
+            super().__init__(moe)
+            if getattr(moe, "moe_backend", "auto") not in ("auto", None):
+                layer_count("user-moe-backend", 1, "plan")
+                return
+            if cpu:
+                if self.experts_cls is None:  # vLLM < 0.32 on the CPU: monolithic, no experts class
+                    layer_count("cpu-monolithic", 1, "plan")
+                    return
+                self.experts_cls = _experts_class(self.experts_cls, tuning, count, keep_unpacked=True)
+                return
+            if self.unquantized_backend != UnquantizedMoeBackend.TRITON:
+                layer_count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
+                return
+            self.experts_cls = _experts_class(self.experts_cls, tuning, count, keep_unpacked=False)

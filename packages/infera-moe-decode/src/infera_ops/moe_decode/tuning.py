@@ -1,0 +1,60 @@
+"""Per-GPU-family tunables of the decode experts: the largest token count the kernel serves and its
+block sizes. One JSON file per family in ``tuning/`` (written by ``benchmarks/tune_moe_decode.py`` on that
+GPU); ``INFERA_MOE_DECODE_TUNING=path.json`` replaces it, ``INFERA_MOE_DECODE_MAX_TOKENS=N`` overrides the
+threshold. A family without a file is not tuned: the op declines at startup unless the threshold is given.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+
+from infera_ops.moe_decode.kernels import LaunchConfig
+
+
+class TuningError(ValueError):
+    """A tuning file or switch that cannot be used (the op declines with this message)."""
+
+
+@dataclass
+class Tuning:
+    max_tokens: int
+    config: LaunchConfig = field(default_factory=LaunchConfig)
+    source: str = "defaults"
+
+
+def _read(path_or_text: str, source: str) -> dict:
+    try:
+        doc = json.loads(path_or_text)
+    except json.JSONDecodeError as exc:
+        raise TuningError(f"{source}: not JSON ({exc})") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("max_tokens"), int) or doc["max_tokens"] < 0:
+        raise TuningError(f"{source}: needs an integer 'max_tokens' >= 0")
+    return doc
+
+
+def load(family: str) -> Tuning | None:
+    """The family's tuning (None: not tuned and no threshold given)."""
+    doc, source = None, None
+    override = os.environ.get("INFERA_MOE_DECODE_TUNING", "").strip()
+    if override:
+        try:
+            with open(override) as f:
+                doc, source = _read(f.read(), override), override
+        except OSError as exc:
+            raise TuningError(f"INFERA_MOE_DECODE_TUNING={override!r}: {exc.strerror}") from exc
+    else:
+        packaged = resources.files("infera_ops.moe_decode").joinpath("tuning", f"{family}.json")
+        if packaged.is_file():
+            doc, source = _read(packaged.read_text(), f"tuning/{family}.json"), f"tuning/{family}.json"
+    raw = os.environ.get("INFERA_MOE_DECODE_MAX_TOKENS", "").strip()
+    if raw and not raw.isdigit():
+        raise TuningError(f"INFERA_MOE_DECODE_MAX_TOKENS={raw!r}: expected a token count >= 0")
+    if doc is None and not raw:
+        return None
+    try:
+        config = LaunchConfig(**(doc or {}).get("config", {}))
+    except TypeError as exc:
+        raise TuningError(f"{source}: bad 'config' ({exc})") from exc
+    max_tokens = int(raw) if raw else doc["max_tokens"]
+    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS")

@@ -1,0 +1,80 @@
+"""The dispatch guard and the tuning file / switches (plain torch; no kernel runs)."""
+
+import json
+
+import pytest
+import torch
+
+from infera_ops.moe_decode import guard, tuning
+
+
+def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
+    args = dict(hidden_states=torch.randn(M, H, dtype=dtype), w1=torch.randn(E, 2 * I, H, dtype=dtype),
+                w2=torch.randn(E, H, I, dtype=dtype), topk_ids=torch.zeros(M, 2, dtype=torch.int32),
+                activation="silu", expert_map=None, apply_router_weight_on_input=False, a1q_scale=None,
+                w1_bias=None, w2_bias=None, max_tokens=16)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({}, None),
+    ({"M": 16}, None),
+    ({"M": 17}, "tokens-above-threshold"),
+    ({"max_tokens": 0, "M": 1}, "tokens-above-threshold"),
+    ({"dtype": torch.float32}, "dtype"),
+    ({"activation": "gelu"}, "activation"),
+    ({"expert_map": torch.arange(4)}, "expert-map"),
+    ({"apply_router_weight_on_input": True}, "router-weight-on-input"),
+    ({"w1_bias": torch.zeros(4, 64)}, "bias"),
+    ({"a1q_scale": torch.ones(1)}, "weight-dtype"),
+])
+def test_guard_decisions(over, reason):
+    shape = {k: over.pop(k) for k in ("M", "dtype") if k in over}
+    assert guard.decline_reason(**_args(**shape, **over)) == reason
+
+
+def test_guard_refuses_mismatched_layout():
+    args = _args()
+    args["w2"] = torch.randn(4, 64, 48, dtype=torch.bfloat16)  # I of w2 != half of w13's rows
+    assert guard.decline_reason(**args) == "layout"
+    args = _args()
+    args["w1"] = torch.randn(4, 64, 64, dtype=torch.bfloat16).transpose(1, 2)  # not unit stride along H
+    assert guard.decline_reason(**args) == "layout"
+
+
+def test_tokens_above_threshold_is_a_handover():
+    assert "tokens-above-threshold" in guard.HANDOVERS and "dtype" not in guard.HANDOVERS
+
+
+def test_tuning_files_and_switches(monkeypatch, tmp_path):
+    monkeypatch.delenv("INFERA_MOE_DECODE_TUNING", raising=False)
+    monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
+    cpu = tuning.load("cpu")
+    assert cpu.max_tokens == 16 and cpu.source == "tuning/cpu.json" and cpu.config.block_i == 16
+    assert tuning.load("gfx1151") is None  # no file: not tuned
+    monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "8")
+    assert tuning.load("gfx1151").max_tokens == 8 and tuning.load("cpu").max_tokens == 8
+    own = tmp_path / "t.json"
+    own.write_text(json.dumps({"max_tokens": 4, "config": {"block_n": 128}}))
+    monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
+    monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS")
+    got = tuning.load("sm90")
+    assert got.max_tokens == 4 and got.config.block_n == 128 and got.source == str(own)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{", "not JSON"), ('{"max_tokens": -1}', "max_tokens"), ('{"max_tokens": 4, "config": {"block_q": 1}}', "config"),
+])
+def test_bad_tuning_is_a_clear_error(monkeypatch, tmp_path, text, match):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(bad))
+    with pytest.raises(tuning.TuningError, match=match):
+        tuning.load("sm90")
+
+
+def test_bad_threshold_switch(monkeypatch):
+    monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "many")
+    with pytest.raises(tuning.TuningError, match="INFERA_MOE_DECODE_MAX_TOKENS"):
+        tuning.load("cpu")

@@ -1,0 +1,73 @@
+"""The decode experts kernels against the fp32 reference; on the CPU under Triton's interpreter."""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from infera_ops.moe_decode.reference import moe_experts_reference
+
+pytestmark = pytest.mark.interpret
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+pytest.importorskip("triton")
+ops = importlib.import_module("infera_ops.moe_decode.ops")
+kernels = importlib.import_module("infera_ops.moe_decode.kernels")
+# small blocks so the test shapes cross several blocks and leave ragged edges
+SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
+
+
+def _routing(M, E, topk, gen):
+    """Distinct experts per token (as vLLM's top-k gives), random weights; few experts -> tokens share."""
+    ids = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(M)]).to(torch.int32)
+    weights = torch.rand(M, topk, generator=gen)
+    return ids.to(DEVICE), (weights / weights.sum(1, keepdim=True)).to(DEVICE)
+
+
+def _case(M, H, I, E, topk, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, H, generator=gen).to(DEVICE, dtype)
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) / H**0.5).to(DEVICE, dtype)
+    w2 = (torch.randn(E, H, I, generator=gen) / I**0.5).to(DEVICE, dtype)
+    return x, w13, w2, *_routing(M, E, topk, gen)
+
+
+def _check(out, ref, dtype):
+    assert not torch.isnan(out).any(), "unwritten (poisoned) elements in the output"
+    tol = 3e-2 if dtype == torch.bfloat16 else 6e-3  # the bf16/fp16 intermediate and output roundings
+    torch.testing.assert_close(out.float(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.parametrize("M, H, I, E, topk", [
+    (1, 64, 32, 4, 1), (1, 96, 40, 8, 8), (3, 100, 24, 6, 4), (5, 48, 56, 5, 2), (16, 64, 32, 4, 3), (7, 130, 20, 16, 8),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moe_experts(M, H, I, E, topk, dtype):
+    x, w13, w2, ids, weights = _case(M, H, I, E, topk, dtype, seed=M * 1000 + H)
+    out = torch.full((M, H), float("nan"), dtype=dtype, device=DEVICE)
+    got = ops.moe_experts(x, w13, w2, weights, ids, out=out, config=SMALL)
+    assert got.data_ptr() == out.data_ptr()
+    _check(got, moe_experts_reference(x, w13, w2, weights, ids), dtype)
+
+
+def test_every_token_on_the_same_experts():
+    """All tokens choose the same experts: one program per expert serves them all (one weight read)."""
+    x, w13, w2, _, _ = _case(16, 64, 32, 8, 2, torch.bfloat16, seed=7)
+    ids = torch.tensor([[3, 5]] * 16, dtype=torch.int32, device=DEVICE)
+    weights = torch.rand(16, 2, device=DEVICE)
+    _check(ops.moe_experts(x, w13, w2, weights, ids, config=SMALL), moe_experts_reference(x, w13, w2, weights, ids),
+           torch.bfloat16)
+
+
+def test_default_blocks_and_int64_ids():
+    x, w13, w2, ids, weights = _case(2, 256, 192, 4, 2, torch.bfloat16, seed=3)
+    _check(ops.moe_experts(x, w13, w2, weights, ids.long()), moe_experts_reference(x, w13, w2, weights, ids),
+           torch.bfloat16)
+
+
+def test_non_unit_stride_is_refused():
+    x, w13, w2, ids, weights = _case(2, 64, 32, 4, 2, torch.bfloat16, seed=1)
+    with pytest.raises(ValueError, match="unit stride"):
+        ops.moe_experts(x.t().contiguous().t(), w13, w2, weights, ids)

@@ -1,0 +1,80 @@
+"""The out-of-tree MoE method in the real vLLM 0.32 (CPU build), kernels under Triton's interpreter: a tiny
+random-weight Qwen3-MoE checkpoint written here, served with the plugin on and off; the method is chosen,
+decode steps reach the kernel, prefill chunks above the threshold are handed over, and the outputs agree."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.interpret
+if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
+
+MAKE = r"""
+import sys, torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+torch.manual_seed(0)
+cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=32,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                     num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=512,
+                     norm_topk_prob=True, tie_word_embeddings=False)
+model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
+with torch.no_grad():
+    for p in model.parameters():
+        p.normal_(0, 0.2)  # random, not zeros: a routing or numerics bug must show in the outputs
+model.save_pretrained(sys.argv[1])
+"""
+
+RUN = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+
+def main():
+    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=256,
+              seed=0, gpu_memory_utilization=0.2)  # on the CPU build: the fraction of RAM reserved
+    # 4 sequences: prefill chunks of > 16 tokens (handed over), then decode steps of 4 tokens (kernel)
+    prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 500 + 1 for j in range(20 + 3 * i)]} for i in range(4)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=1, detokenize=False),
+                        use_tqdm=False)
+    res = [[(o.outputs[0].token_ids[t], o.outputs[0].logprobs[t][o.outputs[0].token_ids[t]].logprob)
+            for t in range(8)] for o in outs]
+    print("RESULT" + json.dumps(res))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _run(script, *args, env):
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+def _report(report_dir):
+    proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(report_dir), "--json"],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_tiny_qwen3_moe_on_vs_off(tmp_path):
+    ckpt = tmp_path / "qwen3-moe-tiny"
+    _run(MAKE, str(ckpt), env={})
+    on_dir, off_dir = tmp_path / "report-on", tmp_path / "report-off"
+    on = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(on_dir)})
+    off = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(off_dir)})
+    got = [json.loads(out.split("RESULT")[-1].splitlines()[0]) for out in (on, off)]
+    pairs = [(a, b) for ra, rb in zip(*got) for a, b in zip(ra, rb)]
+    assert all(a[0] == b[0] for a, b in pairs), got  # greedy tokens identical
+    assert max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, got  # logprobs: bf16 roundings only
+
+    report = _report(on_dir)
+    assert any(o["op"] == "moe-decode" and o["status"] == "active" for o in report["ops"]), report["ops"]
+    routes = {(c["route"], c["reason"]): c["count"] for c in report["counts"] if c["op"] == "moe-decode"}
+    assert routes.get(("kernel", ""), 0) >= 2 * 7, routes  # 2 MoE layers x 7 decode steps after the first token
+    assert routes.get(("handover", "tokens-above-threshold"), 0) >= 2, routes  # the prefill chunk(s)
