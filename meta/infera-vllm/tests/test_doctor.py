@@ -43,7 +43,7 @@ def test_doctor_reports_every_op_and_fails_when_a_requested_op_cannot_activate(t
     assert doc["environment"]["vllm"] and doc["environment"]["gpu_family"]
     verdicts = {o["op"]: (o["verdict"], o["reason"]) for o in doc["ops"]}
     assert verdicts == {"norm": ("declined", "triton-interpreter-off"), "attn-paged": ("declined", "not-implemented"),
-                        "moe-decode": ("declined", "not-implemented"),
+                        "moe-decode": ("declined", "triton-interpreter-off"),
                         "linear-hipblaslt": ("declined", "not-requested")}
     assert doc["switches"]["INFERA_VLLM_OPS_DISABLE"] is False
 
@@ -59,7 +59,7 @@ def test_doctor_model_plan(tmp_path):
     proc = doctor("--model", str(tmp_path), env={"INFERA_VLLM_OPS": "moe-decode,norm,ghost"})
     assert proc.returncode == 1
     assert "moe-decode         would take 0/48 moe layers" in proc.stdout
-    assert "declines 48 (not-implemented" in proc.stdout
+    assert "declines 48 (triton-interpreter-off" in proc.stdout
     assert "norm               would take 0/193 rms_norm layers" in proc.stdout
     assert "ghost" in proc.stdout and "not-installed" in proc.stdout
 
