@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine after the vLLM 0.26.0 staging: infera-moe-decode's kernel tests at GPU sizes, then
-# its kernels vs vLLM's fused_experts (benchmarks/bench_moe_decode.py).
+# its kernels vs vLLM's fused_experts (benchmarks/bench_moe_decode.py); TUNE=1 adds the tuning sweep.
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
@@ -8,3 +8,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pytest -q -p no:cacheprovider packages/infera-moe-decode/tests -k "not vllm" 2>&1 | tail -25 > "$OUT/pytest_moe_decode_sm90.txt"
 tail -3 "$OUT/pytest_moe_decode_sm90.txt"
 BENCH_OUT="$OUT" timeout 240 python3 benchmarks/bench_moe_decode.py 2>&1 | tee "$OUT/bench_moe_decode.log" | grep -v -E "^(INFO|WARNING)"
+# then the tuning sweep; it writes $OUT/sm90.json (commit it as the package's tuning/sm90.json once read)
+[[ "${TUNE:-0}" == 1 ]] && BENCH_OUT="$OUT" python3 benchmarks/tune_moe_decode.py 2>&1 | tee "$OUT/tune_moe_decode.log" | grep -v -E "^(INFO|WARNING)"
+true

@@ -78,3 +78,15 @@ def test_bad_threshold_switch(monkeypatch):
     monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "many")
     with pytest.raises(tuning.TuningError, match="INFERA_MOE_DECODE_MAX_TOKENS"):
         tuning.load("cpu")
+
+
+def test_blocks_by_token_count(monkeypatch, tmp_path):
+    own = tmp_path / "t.json"
+    own.write_text(json.dumps({"max_tokens": 16, "config": {"block_i": 64},
+                               "by_tokens": {"8": {"block_i": 32}, "2": {"block_i": 16}}}))
+    monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
+    got = tuning.load("sm90")
+    assert [got.config_for(m).block_i for m in (1, 2, 3, 8, 9, 16)] == [16, 16, 32, 32, 64, 64]
+    own.write_text(json.dumps({"max_tokens": 16, "by_tokens": {"two": {}}}))
+    with pytest.raises(tuning.TuningError, match="by_tokens"):
+        tuning.load("sm90")

@@ -64,7 +64,8 @@ def _experts_class(base: type, tuning: Tuning, count: _Counts, keep_unpacked: bo
             count(reason, hidden_states.shape[0], "plan" if capturing else "call")
             if reason is not None:
                 return super().apply(*args)
-            ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output, config=tuning.config)
+            ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
+                            config=tuning.config_for(hidden_states.shape[0]))
             return None
 
     return InferaDecodeExperts

@@ -2,6 +2,10 @@
 block sizes. One JSON file per family in ``tuning/`` (written by ``benchmarks/tune_moe_decode.py`` on that
 GPU); ``INFERA_MOE_DECODE_TUNING=path.json`` replaces it, ``INFERA_MOE_DECODE_MAX_TOKENS=N`` overrides the
 threshold. A family without a file is not tuned: the op declines at startup unless the threshold is given.
+
+File format: ``{"max_tokens": N, "config": {...LaunchConfig...}, "by_tokens": {"2": {...}, "8": {...}}}``;
+``by_tokens`` (optional) maps an upper token bound to the blocks used up to it (the smallest bound >= M
+wins), ``config`` serves the rest.
 """
 
 import json
@@ -21,6 +25,13 @@ class Tuning:
     max_tokens: int
     config: LaunchConfig = field(default_factory=LaunchConfig)
     source: str = "defaults"
+    by_tokens: tuple = ()  # ((upper token bound, LaunchConfig), ...) ascending
+
+    def config_for(self, tokens: int) -> LaunchConfig:
+        for bound, config in self.by_tokens:
+            if tokens <= bound:
+                return config
+        return self.config
 
 
 def _read(path_or_text: str, source: str) -> dict:
@@ -52,9 +63,11 @@ def load(family: str) -> Tuning | None:
         raise TuningError(f"INFERA_MOE_DECODE_MAX_TOKENS={raw!r}: expected a token count >= 0")
     if doc is None and not raw:
         return None
+    doc = doc or {}
     try:
-        config = LaunchConfig(**(doc or {}).get("config", {}))
-    except TypeError as exc:
-        raise TuningError(f"{source}: bad 'config' ({exc})") from exc
+        config = LaunchConfig(**doc.get("config", {}))
+        by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in doc.get("by_tokens", {}).items()))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise TuningError(f"{source}: bad 'config' or 'by_tokens' ({exc})") from exc
     max_tokens = int(raw) if raw else doc["max_tokens"]
-    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS")
+    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens)
