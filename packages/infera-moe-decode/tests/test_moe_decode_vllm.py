@@ -76,5 +76,8 @@ def test_tiny_qwen3_moe_on_vs_off(tmp_path):
     report = _report(on_dir)
     assert any(o["op"] == "moe-decode" and o["status"] == "active" for o in report["ops"]), report["ops"]
     routes = {(c["route"], c["reason"]): c["count"] for c in report["counts"] if c["op"] == "moe-decode"}
-    assert routes.get(("kernel", ""), 0) >= 2 * 7, routes  # 2 MoE layers x 7 decode steps after the first token
-    assert routes.get(("handover", "tokens-above-threshold"), 0) >= 2, routes  # the prefill chunk(s)
+    kernel, handed = routes.get(("kernel", ""), 0), routes.get(("handover", "tokens-above-threshold"), 0)
+    # how the scheduler batches prefill and decode varies; every step passes both MoE layers, and there are at
+    # least 8 steps (8 tokens each); pure decode steps (4 tokens) reach the kernel, prefill chunks are handed over
+    assert kernel >= 2 and handed >= 2 and kernel + handed >= 2 * 8, routes
+    assert set(routes) == {("kernel", ""), ("handover", "tokens-above-threshold")}, routes
