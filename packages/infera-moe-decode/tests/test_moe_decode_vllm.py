@@ -35,7 +35,8 @@ from vllm import LLM, SamplingParams
 
 def main():
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=256,
-              seed=0, gpu_memory_utilization=0.2)  # on the CPU build: the fraction of RAM reserved
+              seed=0, gpu_memory_utilization=0.2,  # on the CPU build: the fraction of RAM reserved
+              tensor_parallel_size=int(sys.argv[2]))
     # 4 sequences: prefill chunks of > 16 tokens (handed over), then decode steps of 4 tokens (kernel)
     prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 500 + 1 for j in range(20 + 3 * i)]} for i in range(4)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=1, detokenize=False),
@@ -50,6 +51,7 @@ if __name__ == "__main__":
 
 
 def _run(script, *args, env):
+    """Run a script in its own process (vLLM spawns more); its stdout, or the failure's tail."""
     proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -62,16 +64,27 @@ def _report(report_dir):
     return json.loads(proc.stdout)
 
 
-def test_tiny_qwen3_moe_on_vs_off(tmp_path):
-    ckpt = tmp_path / "qwen3-moe-tiny"
+def _tokens(out):
+    return json.loads(out.split("RESULT")[-1].splitlines()[0])
+
+
+@pytest.fixture(scope="module")
+def checkpoint_and_baseline(tmp_path_factory):
+    """The tiny checkpoint and its plugin-off, one-worker outputs (the reference for both tests)."""
+    tmp = tmp_path_factory.mktemp("qwen3-moe")
+    ckpt = tmp / "qwen3-moe-tiny"
     _run(MAKE, str(ckpt), env={})
-    on_dir, off_dir = tmp_path / "report-on", tmp_path / "report-off"
-    on = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(on_dir)})
-    off = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(off_dir)})
-    got = [json.loads(out.split("RESULT")[-1].splitlines()[0]) for out in (on, off)]
-    pairs = [(a, b) for ra, rb in zip(*got) for a, b in zip(ra, rb)]
-    assert all(a[0] == b[0] for a, b in pairs), got  # greedy tokens identical
-    assert max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, got  # logprobs: bf16 roundings only
+    off = _run(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(tmp / "off")})
+    return ckpt, _tokens(off)
+
+
+def test_tiny_qwen3_moe_on_vs_off(tmp_path, checkpoint_and_baseline):
+    ckpt, baseline = checkpoint_and_baseline
+    on_dir = tmp_path / "report-on"
+    on = _tokens(_run(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(on_dir)}))
+    pairs = [(a, b) for ra, rb in zip(on, baseline) for a, b in zip(ra, rb)]
+    assert all(a[0] == b[0] for a, b in pairs), (on, baseline)  # greedy tokens identical
+    assert max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, (on, baseline)  # logprobs: bf16 roundings only
 
     report = _report(on_dir)
     assert any(o["op"] == "moe-decode" and o["status"] == "active" for o in report["ops"]), report["ops"]
@@ -81,3 +94,30 @@ def test_tiny_qwen3_moe_on_vs_off(tmp_path):
     # least 8 steps (8 tokens each); pure decode steps (4 tokens) reach the kernel, prefill chunks are handed over
     assert kernel >= 2 and handed >= 2 and kernel + handed >= 2 * 8, routes
     assert set(routes) == {("kernel", ""), ("handover", "tokens-above-threshold")}, routes
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
+def test_tensor_parallel_two_workers(tmp_path, checkpoint_and_baseline):
+    """Issue #7's CPU part: tensor parallel 2 with the real vLLM CPU build spawns two worker processes; each
+    loads the plugin on its own, serves its shard of the experts (I split in two) through the kernel and
+    writes its own report; the merged report lists both ranks. Outputs: identical to tensor parallel 2 with
+    the plugin off; against one worker only up to each sequence's first near-tie flip (the split reduction
+    changes roundings, and on random weights the logits are close)."""
+    ckpt, baseline = checkpoint_and_baseline
+    report_dir = tmp_path / "report-tp2"
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank
+    tp2 = _tokens(_run(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(report_dir),
+                                                 **bind}))
+    tp2_off = _tokens(_run(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind,
+                                                     "INFERA_VLLM_REPORT_DIR": str(tmp_path / "off-tp2")}))
+    pairs = [(a, b) for ra, rb in zip(tp2, tp2_off) for a, b in zip(ra, rb)]
+    assert all(a[0] == b[0] for a, b in pairs) and max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, (tp2, tp2_off)
+    for seq, ref in zip(tp2, baseline):  # against one worker: the same prefix, close logprobs on it
+        n = next((i for i, (a, b) in enumerate(zip(seq, ref)) if a[0] != b[0]), len(seq))
+        assert n >= 1 and all(abs(a[1] - b[1]) < 0.05 for a, b in zip(seq[:n], ref[:n])), (seq, ref)
+
+    report = _report(report_dir)
+    workers = [p for p in report["processes"] if "moe-decode" in p["active"] and "Worker" in p["name"]]
+    assert len(workers) == 2, report["processes"]
+    kernel = [c for c in report["counts"] if c["op"] == "moe-decode" and c["route"] == "kernel"]
+    assert kernel and all(c["processes"] == 2 for c in kernel), report["counts"]  # both ranks ran the kernel
