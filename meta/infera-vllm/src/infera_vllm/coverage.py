@@ -87,6 +87,25 @@ def record(op: str, route: str, reason: str = "", bucket: str = "", at: str = "c
         hit()
 
 
+class CallCounts:
+    """Per-call routing counts of one op, for kernels' hot paths: ``counts(reason, tokens, at)`` with reason
+    None = kernel, a reason in ``handovers`` = handover, any other = fallback; tokens None = "dynamic"
+    (decided on symbolic shapes). Each key's counter is made once; a call costs a dict lookup."""
+
+    def __init__(self, op: str, handovers: tuple[str, ...] = ()):
+        self.op, self.handovers, self._hits = op, handovers, {}
+        self._buckets = [bucket_tokens(1 << k) for k in range(40)]
+
+    def __call__(self, reason: str | None, tokens: int | None, at: str = "call") -> None:
+        bucket = "dynamic" if tokens is None else self._buckets[(tokens - 1).bit_length()] if tokens > 0 else "0"
+        key = (reason, bucket, at)
+        hit = self._hits.get(key)
+        if hit is None:
+            route = KERNEL if reason is None else HANDOVER if reason in self.handovers else FALLBACK
+            hit = self._hits[key] = counter(self.op, route, reason or "", bucket, at)
+        hit()
+
+
 def bucket_tokens(n: int) -> str:
     """Coarse power-of-two bucket of a token count: 1, 2, 3-4, 5-8, ..., so reports stay one screen."""
     if n <= 2:

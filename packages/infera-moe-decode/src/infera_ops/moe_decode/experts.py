@@ -22,26 +22,8 @@ from infera_ops.moe_decode import guard, ops
 from infera_ops.moe_decode.tuning import Tuning
 from infera_vllm import coverage
 
-_BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
 
-
-class _Counts:
-    """Counters made once per key; a call costs a dict lookup."""
-
-    def __init__(self, op_name: str):
-        self.op_name, self.counters = op_name, {}
-
-    def __call__(self, reason: str | None, tokens: int, at: str = "call") -> None:
-        key = (reason, _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0", at)
-        hit = self.counters.get(key)
-        if hit is None:
-            route = (coverage.KERNEL if reason is None else
-                     coverage.HANDOVER if reason in guard.HANDOVERS else coverage.FALLBACK)
-            hit = self.counters[key] = coverage.counter(self.op_name, route, reason or "", key[1], key[2])
-        hit()
-
-
-def _experts_class(base: type, tuning: Tuning, count: _Counts, keep_unpacked: bool) -> type:
+def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, keep_unpacked: bool) -> type:
     class InferaDecodeExperts(base):
         def process_weights_after_loading(self, layer) -> None:
             if keep_unpacked:  # before the parent repacks them into its own layout
@@ -77,23 +59,22 @@ def install(op_name: str, tuning: Tuning, cpu: bool) -> None:
 
     if "UnquantizedFusedMoEMethod" in op_registry_oot:
         return
-    count = _Counts(op_name)
-    layer_count = _Counts(op_name)  # per-layer decisions at construction ("plan")
+    count = coverage.CallCounts(op_name, guard.HANDOVERS)  # per-layer decisions at construction: at="plan"
 
     @UnquantizedFusedMoEMethod.register_oot
     class InferaDecodeMoEMethod(UnquantizedFusedMoEMethod):
         def __init__(self, moe):
             super().__init__(moe)
             if getattr(moe, "moe_backend", "auto") not in ("auto", None):
-                layer_count("user-moe-backend", 1, "plan")
+                count("user-moe-backend", 1, "plan")
                 return
             if cpu:
                 if self.experts_cls is None:  # vLLM < 0.32 on the CPU: monolithic, no experts class
-                    layer_count("cpu-monolithic", 1, "plan")
+                    count("cpu-monolithic", 1, "plan")
                     return
                 self.experts_cls = _experts_class(self.experts_cls, tuning, count, keep_unpacked=True)
                 return
             if self.unquantized_backend != UnquantizedMoeBackend.TRITON:
-                layer_count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
+                count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
                 return
             self.experts_cls = _experts_class(self.experts_cls, tuning, count, keep_unpacked=False)

@@ -23,11 +23,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _first_of_expert(sorted_ids_ptr, j):
-    """(expert, whether sorted position j is its first occurrence)."""
+def _expert_rows(sorted_ids_ptr, order_ptr, MK, BLOCK_M: tl.constexpr):
+    """For the program at sorted position j: its expert e, whether j is e's first occurrence, and e's rows
+    (the sorted list is ascending, so they are j, j+1, ...): a mask and their flat token·TOPK + slot
+    positions."""
+    j = tl.program_id(0)
     e = tl.load(sorted_ids_ptr + j)
     prev = tl.load(sorted_ids_ptr + j - 1, mask=j > 0, other=-1)
-    return e, (j == 0) | (prev != e)
+    rows = j + tl.arange(0, BLOCK_M)
+    mine = tl.load(sorted_ids_ptr + rows, mask=rows < MK, other=-1) == e
+    pos = tl.load(order_ptr + rows, mask=mine, other=0).to(tl.int64)
+    return e, (j == 0) | (prev != e), mine, pos
 
 
 @triton.jit
@@ -59,14 +65,9 @@ def _moe_gate_up_kernel(
     BLOCK_H: tl.constexpr,  # reduction chunk along H
     FP32_DOT: tl.constexpr,  # see _dot
 ):
-    j = tl.program_id(0)
     pid_i = tl.program_id(1)
-    e, first = _first_of_expert(sorted_ids_ptr, j)
+    e, first, mine, pos = _expert_rows(sorted_ids_ptr, order_ptr, MK, BLOCK_M)
     if first:
-        rows = j + tl.arange(0, BLOCK_M)
-        ids = tl.load(sorted_ids_ptr + rows, mask=rows < MK, other=-1)
-        mine = ids == e  # sorted: this expert's occurrences are j, j+1, ... contiguous
-        pos = tl.load(order_ptr + rows, mask=mine, other=0).to(tl.int64)
         tok = pos // TOPK
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
@@ -106,14 +107,9 @@ def _moe_down_kernel(
     BLOCK_K: tl.constexpr,  # reduction chunk along I
     FP32_DOT: tl.constexpr,  # see _dot
 ):
-    j = tl.program_id(0)
     pid_n = tl.program_id(1)
-    e, first = _first_of_expert(sorted_ids_ptr, j)
+    e, first, mine, pos = _expert_rows(sorted_ids_ptr, order_ptr, MK, BLOCK_M)
     if first:
-        rows = j + tl.arange(0, BLOCK_M)
-        ids = tl.load(sorted_ids_ptr + rows, mask=rows < MK, other=-1)
-        mine = ids == e
-        pos = tl.load(order_ptr + rows, mask=mine, other=0).to(tl.int64)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < H
         w = w2_ptr + e.to(tl.int64) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride

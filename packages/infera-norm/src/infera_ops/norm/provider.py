@@ -44,7 +44,6 @@ PROVIDER = "infera"
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
 EAGER_NEVER = 1 << 62  # default: eager calls always go to vLLM's next provider (launch cost, see above)
-_BUCKETS = [coverage.bucket_tokens(1 << k) for k in range(40)]
 HANDOVERS = ("eager-launch-cost", "vllm-c-faster")  # by design, not capability limits
 
 
@@ -155,24 +154,15 @@ def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual:
 
 
 class _Counts:
-    """Counters made once per key; a call costs a dict lookup."""
+    """The op's call counts from a tensor: nothing while Dynamo traces, ``at="trace"`` on fake tensors."""
 
     def __init__(self, op_name: str):
-        self.op_name = op_name
-        self.counters: dict = {}
+        self.counts = coverage.CallCounts(op_name, HANDOVERS)
 
     def __call__(self, reason: Optional[str], x: Tensor) -> None:
         if torch.compiler.is_compiling():
             return
-        at = "trace" if isinstance(x, torch._subclasses.FakeTensor) else "call"
-        tokens = _concrete_tokens(x)
-        bucket = "dynamic" if tokens is None else _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0"
-        key = (reason, bucket, at)
-        hit = self.counters.get(key)
-        if hit is None:
-            route = coverage.KERNEL if reason is None else coverage.HANDOVER if reason in HANDOVERS else coverage.FALLBACK
-            hit = self.counters[key] = coverage.counter(self.op_name, route, reason or "", key[1], at)
-        hit()
+        self.counts(reason, _concrete_tokens(x), "trace" if isinstance(x, torch._subclasses.FakeTensor) else "call")
 
 
 def install(op_name: str, allow_cpu: bool) -> None:
