@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# On the GPU machine after the vLLM 0.26.0 staging: infera-moe-decode's kernel tests at GPU sizes, then
-# its kernels vs vLLM's fused_experts (benchmarks/bench_moe_decode.py); TUNE=1 adds the tuning sweep.
+# On the GPU machine after the vLLM 0.26.0 staging: infera-moe-decode's kernel tests at GPU sizes; TUNE=1 runs
+# the tuning sweep first (writes $OUT/sm90.json, copied to /tmp/sm90.json for a later e2e call on the same
+# machine); then the kernels vs vLLM's fused_experts (benchmarks/bench_moe_decode.py) with that tuning.
 set -uo pipefail
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
 python3 -m pytest -q -p no:cacheprovider packages/infera-moe-decode/tests -k "not vllm" 2>&1 | tail -25 > "$OUT/pytest_moe_decode_sm90.txt"
 tail -3 "$OUT/pytest_moe_decode_sm90.txt"
+if [[ "${TUNE:-0}" == 1 ]]; then
+  BENCH_OUT="$OUT" timeout 420 python3 benchmarks/tune_moe_decode.py 2>&1 | tee "$OUT/tune_moe_decode.log" | grep -v -E "^(INFO|WARNING)"
+  cp "$OUT/sm90.json" /tmp/sm90.json && export INFERA_MOE_DECODE_TUNING=/tmp/sm90.json
+fi
 BENCH_OUT="$OUT" timeout 240 python3 benchmarks/bench_moe_decode.py 2>&1 | tee "$OUT/bench_moe_decode.log" | grep -v -E "^(INFO|WARNING)"
-# then the tuning sweep; it writes $OUT/sm90.json (commit it as the package's tuning/sm90.json once read)
-[[ "${TUNE:-0}" == 1 ]] && BENCH_OUT="$OUT" python3 benchmarks/tune_moe_decode.py 2>&1 | tee "$OUT/tune_moe_decode.log" | grep -v -E "^(INFO|WARNING)"
 true

@@ -17,6 +17,8 @@ ops = importlib.import_module("infera_ops.moe_decode.ops")
 kernels = importlib.import_module("infera_ops.moe_decode.kernels")
 # small blocks so the test shapes cross several blocks and leave ragged edges
 SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
+SMALL_FUSED_SUM = kernels.LaunchConfig(block_i=16, block_h=32, block_n=16, block_k=16, fused_sum=True)
+BOTH = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED_SUM], ids=["grouped-down", "fused-sum"])
 
 
 def _routing(M, E, topk, gen):
@@ -44,27 +46,36 @@ def _check(out, ref, dtype):
     (1, 64, 32, 4, 1), (1, 96, 40, 8, 8), (3, 100, 24, 6, 4), (5, 48, 56, 5, 2), (16, 64, 32, 4, 3), (7, 130, 20, 16, 8),
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_moe_experts(M, H, I, E, topk, dtype):
+@BOTH
+def test_moe_experts(M, H, I, E, topk, dtype, config):
     x, w13, w2, ids, weights = _case(M, H, I, E, topk, dtype, seed=M * 1000 + H)
     out = torch.full((M, H), float("nan"), dtype=dtype, device=DEVICE)
-    got = ops.moe_experts(x, w13, w2, weights, ids, out=out, config=SMALL)
+    got = ops.moe_experts(x, w13, w2, weights, ids, out=out, config=config)
     assert got.data_ptr() == out.data_ptr()
     _check(got, moe_experts_reference(x, w13, w2, weights, ids), dtype)
 
 
-def test_every_token_on_the_same_experts():
+@BOTH
+def test_every_token_on_the_same_experts(config):
     """All tokens choose the same experts: one program per expert serves them all (one weight read)."""
     x, w13, w2, _, _ = _case(16, 64, 32, 8, 2, torch.bfloat16, seed=7)
     ids = torch.tensor([[3, 5]] * 16, dtype=torch.int32, device=DEVICE)
     weights = torch.rand(16, 2, device=DEVICE)
-    _check(ops.moe_experts(x, w13, w2, weights, ids, config=SMALL), moe_experts_reference(x, w13, w2, weights, ids),
+    _check(ops.moe_experts(x, w13, w2, weights, ids, config=config), moe_experts_reference(x, w13, w2, weights, ids),
            torch.bfloat16)
 
 
-def test_default_blocks_and_int64_ids():
+@pytest.mark.parametrize("fused_sum", [False, True])
+def test_default_blocks_int64_ids_and_strided_out(fused_sum):
+    """Default blocks, int64 expert ids, bf16 router weights, an output that is a column slice of a wider
+    buffer (row stride != H): the neighbouring columns must stay as they were."""
     x, w13, w2, ids, weights = _case(2, 256, 192, 4, 2, torch.bfloat16, seed=3)
-    _check(ops.moe_experts(x, w13, w2, weights, ids.long()), moe_experts_reference(x, w13, w2, weights, ids),
-           torch.bfloat16)
+    wide = torch.full((2, 300), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out = wide[:, 20:276]
+    ops.moe_experts(x, w13, w2, weights.to(torch.bfloat16), ids.long(), out=out,
+                    config=kernels.LaunchConfig(fused_sum=fused_sum))
+    _check(out, moe_experts_reference(x, w13, w2, weights.to(torch.bfloat16).float(), ids), torch.bfloat16)
+    assert torch.isnan(wide[:, :20]).all() and torch.isnan(wide[:, 276:]).all()
 
 
 def test_non_unit_stride_is_refused():
