@@ -36,7 +36,7 @@ QWEN3_30B_A3B = dict(  # Qwen/Qwen3-30B-A3B config.json, the fields vLLM reads
     tie_word_embeddings=False, hidden_act="silu", attention_bias=False, torch_dtype="bfloat16",
     use_sliding_window=False, sliding_window=None, max_window_layers=48, bos_token_id=151643, eos_token_id=151645)
 PRESETS = {
-    "h200": dict(config={}, batches=(1, 4, 16), max_tokens=128, repeats=3,
+    "h200": dict(config={}, batches=(1, 4, 16), max_tokens=128, repeats=5,
                  llm=dict(gpu_memory_utilization=0.85, max_model_len=1024, max_num_seqs=16)),
     # CPU: the same script on a 2-layer toy of the same family, eager, kernels under Triton's interpreter
     "tiny": dict(config=dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=32, num_hidden_layers=2,
@@ -72,7 +72,8 @@ def run_one(model: str, preset: dict) -> dict:
     out = {}
     for batch in preset["batches"]:
         prompts = [{"prompt_token_ids": [rng.randrange(1, vocab) for _ in range(PROMPT_TOKENS)]} for _ in range(batch)]
-        llm.generate(prompts, params, use_tqdm=False)  # warm-up outside the timing
+        for _ in range(2):  # warm-up outside the timing: on the H200 the first 1-2 generations of a new batch
+            llm.generate(prompts, params, use_tqdm=False)  # size ran up to 2x slow (results/h200/moe-decode/)
         rates, tokens = [], None
         for _ in range(preset["repeats"]):
             start = time.perf_counter()

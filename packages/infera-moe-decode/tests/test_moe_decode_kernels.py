@@ -82,3 +82,19 @@ def test_non_unit_stride_is_refused():
     x, w13, w2, ids, weights = _case(2, 64, 32, 4, 2, torch.bfloat16, seed=1)
     with pytest.raises(ValueError, match="unit stride"):
         ops.moe_experts(x.t().contiguous().t(), w13, w2, weights, ids)
+
+
+@pytest.mark.parametrize("family", ["cpu", "sm90"])
+def test_every_shipped_tuning_config_is_correct(family, monkeypatch):
+    """The blocks each packaged tuning file ships, at each token bound it names, give the right answer
+    (a file that parses but launches a broken configuration must not ship)."""
+    tuning = importlib.import_module("infera_ops.moe_decode.tuning")
+    monkeypatch.delenv("INFERA_MOE_DECODE_TUNING", raising=False)
+    monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
+    tuned = tuning.load(family)
+    assert tuned is not None and tuned.max_tokens >= 1
+    for M in sorted({1, tuned.max_tokens} | {bound for bound, _ in tuned.by_tokens}):
+        x, w13, w2, ids, weights = _case(M, 136, 72, 6, 3, torch.bfloat16, seed=M)
+        out = torch.full((M, 136), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        ops.moe_experts(x, w13, w2, weights, ids, out=out, config=tuned.config_for(M))
+        _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
