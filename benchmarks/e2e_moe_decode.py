@@ -50,13 +50,18 @@ RUNS = {"off": {"INFERA_VLLM_OPS_DISABLE": "1"}, "on": {"INFERA_VLLM_OPS": "moe-
 
 
 def weight_bytes_per_step(cfg: dict, batch: int) -> float:
-    """Bytes of weights one decode step of ``batch`` tokens reads (bf16): attention and router per layer,
-    the expected number of distinct experts under uniform routing, the LM head."""
-    h, layers, experts, k = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_experts"], cfg["num_experts_per_tok"]
-    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
-    distinct = experts * (1 - (1 - k / experts) ** batch)
-    per_layer = h * (q + 2 * kv) + q * h + h * experts + distinct * 3 * cfg["moe_intermediate_size"] * h
-    return 2.0 * (layers * per_layer + cfg["vocab_size"] * h)
+    """Bytes of weights one decode step of ``batch`` tokens reads (bf16): attention per layer, the MLP (for
+    MoE: the router and the expected number of distinct experts under uniform routing), the LM head."""
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    if "num_experts" in cfg:
+        experts, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+        distinct = experts * (1 - (1 - k / experts) ** batch)
+        mlp = h * experts + distinct * 3 * cfg["moe_intermediate_size"] * h
+    else:
+        mlp = 3 * cfg["intermediate_size"] * h
+    return 2.0 * (layers * (h * (q + 2 * kv) + q * h + mlp) + cfg["vocab_size"] * h)
 
 
 def run_one(model: str, preset: dict) -> dict:

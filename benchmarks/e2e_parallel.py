@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _results import describe_machine, results_dir, write_json  # noqa: E402
-from e2e_moe_decode import QWEN3_30B_A3B, _agreement, _median  # noqa: E402
+from e2e_moe_decode import QWEN3_30B_A3B, _agreement, _median, weight_bytes_per_step  # noqa: E402
 
 DENSE = dict(tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16", rms_norm_eps=1e-5,
              max_position_embeddings=8192, bos_token_id=1, eos_token_id=2)
@@ -141,7 +141,9 @@ def run_model(name: str, preset_name: str, preset: dict, work: str) -> dict:
                     row[f"agreement_vs_{ref}"] = _agreement(runs[ref]["top1"], res["top1"])["agreement"]
             row["tokens_per_s"] = {b: _median(v) for b, v in res["tokens_per_s_all"].items()}
             row["tokens_per_s_all"] = res["tokens_per_s_all"]
-            base = runs.get("tp2-off" if RUNS[label][0] == 2 else "tp1-off", {})
+            # plugin off at the same TP size and expert-parallel setting (none for ep2-on: no ep2-off run)
+            base = next((runs[lb] for lb, (tp, on, ep) in RUNS.items() if lb in runs and not on
+                         and (tp, ep) == (RUNS[label][0], RUNS[label][2])), {})
             if RUNS[label][1] and "tokens_per_s_all" in base:
                 row["ratio_vs_off_same_tp"] = {b: row["tokens_per_s"][b] / _median(base["tokens_per_s_all"][b])
                                                for b in row["tokens_per_s"]}
@@ -168,21 +170,28 @@ def render(result: dict) -> str:
 
 
 def plot(results: list[dict], path: str) -> None:
+    """Tokens/s per run and batch, with each batch's weight-traffic ceiling for the run's GPU count (the
+    weights split over the ranks, each GPU at the copy ceiling)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    copy_bw = float(os.environ.get("COPY_CEILING_TB_S", "4.27")) * 1e12  # H200 (bench_moe_decode.py)
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.8), squeeze=False)
     for ax, res in zip(axes[0], results):
         ok = [r for r in res["rows"] if not r["error"]]
         batches = list(ok[0]["tokens_per_s"]) if ok else []
         for i, b in enumerate(batches):
-            ax.bar([j + 0.4 * i for j in range(len(ok))], [r["tokens_per_s"][b] for r in ok], 0.4, label=f"batch {b}")
+            xs = [j + 0.4 * i for j in range(len(ok))]
+            ax.bar(xs, [r["tokens_per_s"][b] for r in ok], 0.4, label=f"batch {b}", color=f"C{i}")
+            ceiling = [int(b) * r["tp"] / (weight_bytes_per_step(res["config"], int(b)) / copy_bw) for r in ok]
+            ax.plot(xs, ceiling, "_", color=f"C{i}", ms=22, mew=2,
+                    label=f"batch {b}: weight-traffic ceiling")
         ax.set_xticks([j + 0.2 for j in range(len(ok))], [r["run"] for r in ok])
         ax.set_yscale("log")
         ax.set_ylabel("generated tokens / s")
-        ax.set_title(f"{res['model']} (dummy weights)", fontsize=9)
+        ax.set_title(f"{res['model']} (dummy weights), 2 x H200", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
