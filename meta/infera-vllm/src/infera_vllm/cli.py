@@ -1,4 +1,4 @@
-"""``infera-vllm`` command line: ``doctor`` and ``report`` (``harness`` for validation runs)."""
+"""``infera-vllm`` command line: ``doctor``, ``report`` and ``tune`` (``harness`` for validation runs)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="merge the per-process coverage reports in DIR")
     rep.add_argument("dir")
     rep.add_argument("--json", action="store_true")
+    tun = sub.add_parser("tune", help="run an installed op's offline tuner: tune OP ARGS... (OP's --help says more)")
+    tun.add_argument("op")
+    tun.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
+
+    if args.command == "tune":
+        return _tune(args.op, args.args)
 
     if args.command == "doctor":
         from infera_vllm import doctor
@@ -35,3 +41,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(merged, indent=1) if args.json else report.render(merged))
     return 0
+
+
+def _tune(op: str, args: list[str]) -> int:
+    """Find the installed op by name and run the tuner its spec names (spec.tune)."""
+    from infera_vllm import activation, discovery
+
+    found = {f.name: f for f in discovery.discover()}
+    if op not in found or found[op].spec is None:
+        problem = found[op].problem if op in found else "no installed wheel provides it"
+        print(f"infera-vllm tune: op {op!r}: {problem} (installed: {', '.join(sorted(found)) or 'none'})", file=sys.stderr)
+        return 2
+    spec = found[op].spec
+    if not spec.tune:
+        tunable = sorted(name for name, f in found.items() if f.spec is not None and f.spec.tune)
+        print(f"infera-vllm tune: op {op!r} has no tuner (ops with one: {', '.join(tunable) or 'none'})", file=sys.stderr)
+        return 2
+    return int(activation.load_callable(spec.tune)(args) or 0)

@@ -84,6 +84,8 @@ class OpSpec:
     and returns ``None`` once the seam is installed or a :class:`Decline`. ``plan`` (optional) names
     ``module:function`` taking one :class:`infera_vllm.model_sites.Site` and returning ``None`` (the op
     would take it) or a :class:`Decline`; ``infera-vllm doctor --model`` uses it on the ``sites`` kinds.
+    ``tune`` (optional) names ``module:function`` taking the remaining command-line arguments (a list of
+    strings) and returning an exit status: ``infera-vllm tune <op> ARGS...`` runs it (the op's offline tuner).
     """
 
     name: str
@@ -98,4 +100,5 @@ class OpSpec:
     triton: str | None = ">=3.4"  # None: the op does not use Triton
     sites: tuple[str, ...] = ()  # model-site kinds this op serves, e.g. ("rms_norm",)
     plan: str | None = None
+    tune: str | None = None
     summary: str = field(default="", compare=False)

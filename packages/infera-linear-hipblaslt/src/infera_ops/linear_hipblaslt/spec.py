@@ -5,11 +5,13 @@ from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 SPEC = OpSpec(
     name="linear-hipblaslt",
     distribution="infera-linear-hipblaslt",
-    seam="vllm.model_executor.layers.linear.dispatch_unquantized_gemm (patched before the model is built)",
-    summary="unquantized GEMM from a per-GPU-family BLASLt tuning table",
+    seam="vllm.model_executor.layers.linear.dispatch_unquantized_gemm (wrapped before the model is built)",
+    summary="unquantized GEMM per (shape, token bucket) from a per-GPU-family tuning table: vLLM's or a skinny-M Triton kernel",
     vllm=">=0.24,<0.33",
     requires=(
         Symbol("vllm.model_executor.layers.linear", "dispatch_unquantized_gemm"),
+        Symbol("vllm.model_executor.layers.utils", "default_unquantized_gemm", params=("layer", "x", "weight", "bias")),
+        Symbol("vllm.model_executor.layers.vocab_parallel_embedding", "dispatch_unquantized_gemm"),
         Symbol("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.apply", params=("layer", "x", "bias")),
         # 0.32 chooses the GEMM once per layer at construction, from the kernel config's linear_backend.
         Symbol("vllm.model_executor.layers.utils", "dispatch_unquantized_gemm", params=("linear_backend",), vllm=">=0.32"),
@@ -18,4 +20,6 @@ SPEC = OpSpec(
     default_on=False,  # opt-in: INFERA_VLLM_OPS=...,linear-hipblaslt
     activate="infera_ops.linear_hipblaslt.seam:activate",
     sites=("linear",),
+    plan="infera_ops.linear_hipblaslt.seam:plan",
+    tune="infera_ops.linear_hipblaslt.tune:main",
 )

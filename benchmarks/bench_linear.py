@@ -1,0 +1,110 @@
+"""Skinny-M linear: infera-linear-hipblaslt's Triton kernel vs torch's ``F.linear`` (vLLM's CUDA GEMM), bf16.
+
+The issue's shapes (Llama-3-8B-like qkv 6144x4096, gate-up 28672x4096, down 4096x14336) at decode and
+prefill token counts; for each, the best of a small block grid (or the tuning table's choice where the
+shape is tuned), both timed from CUDA-graph replays. Floor = max(weight bytes / copy bandwidth,
+FLOPs / 790 TFLOP/s). Prints a table, writes JSON after every row (a time-out keeps what finished) and a
+plot under ``results/<gpu>/`` (or ``$BENCH_OUT``).
+
+    python benchmarks/bench_linear.py [--tokens 1,16,64,512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from _results import describe_machine, results_dir, write_json  # noqa: E402
+from bench_moe_decode import copy_ceiling_tb_s  # noqa: E402
+
+SHAPES = ((6144, 4096), (28672, 4096), (4096, 14336))  # (N, K)
+GRID = {"block_n": (16, 32, 64), "block_k": (256,), "split_k": (1, 2), "num_stages": (3, 4)}
+PEAK_TFLOPS = 790.0  # H200 dense bf16, the issue's floor
+
+
+def main() -> int:
+    import torch.nn.functional as F
+    from triton.testing import do_bench_cudagraph
+
+    from infera_ops.linear_hipblaslt import ops, table
+    from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+    from infera_ops.linear_hipblaslt.reference import linear_reference
+    from infera_vllm.platform import detect_gpu_family
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,16,64,512")
+    args = parser.parse_args()
+    machine = describe_machine()
+    ceiling = copy_ceiling_tb_s()
+    tuned = table.load(detect_gpu_family()[0] or "unknown")
+    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    rows = []
+    for (N, K), M in itertools.product(SHAPES, [int(t) for t in args.tokens.split(",")]):
+        w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K**0.5
+        x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+        ref = linear_reference(x, w, None)
+        t_torch = do_bench_cudagraph(lambda: F.linear(x, w), rep=30) * 1e3
+        buckets = tuned.buckets(N, K, "bfloat16", False) if tuned else None
+        bucket = table.Table.choose(buckets, M) if buckets else None
+        if bucket is not None and bucket.choice == "triton":
+            cands, source = [bucket.config], "table"
+        else:
+            block_m = max(16, min(64, 1 << (M - 1).bit_length()))
+            cands = [LaunchConfig(block_m=block_m, **dict(zip(GRID, v))) for v in itertools.product(*GRID.values())]
+            source = "grid"
+        best, t_best, err = None, float("inf"), None
+        for cfg in cands:
+            got = ops.skinny_linear(x, w, None, cfg)
+            e = ((got.float() - ref).abs().max() / ref.abs().max()).item()
+            if not e <= 2e-2:
+                continue
+            t = do_bench_cudagraph(lambda: ops.skinny_linear(x, w, None, cfg), rep=30) * 1e3
+            if t < t_best:
+                best, t_best, err = cfg, t, e
+        floor_us = max(N * K * 2 / (ceiling * 1e12), 2 * M * N * K / (PEAK_TFLOPS * 1e12)) * 1e6
+        row = {"N": N, "K": K, "M": M, "torch_us": t_torch, "infera_us": t_best, "speedup": t_torch / t_best,
+               "floor_us": floor_us, "torch_of_floor": floor_us / t_torch, "infera_of_floor": floor_us / t_best,
+               "config": best.as_dict() if best else None, "source": source, "max_rel_err": err}
+        rows.append(row)
+        print(f"N={N:<6} K={K:<6} M={M:<5} F.linear {t_torch:8.1f} us ({row['torch_of_floor']:5.0%} of floor) | "
+              f"triton {t_best:8.1f} us ({row['infera_of_floor']:5.0%}) x{row['speedup']:.2f} [{source}] "
+              f"{best.as_dict() if best else '-'}", flush=True)
+        path = write_json(out_dir, "bench_linear", {"benchmark": "bench_linear", "machine": machine,
+                                                    "copy_ceiling_tb_s": ceiling, "peak_tflops": PEAK_TFLOPS,
+                                                    "tuning": tuned.source if tuned else None, "rows": rows})
+    plot(rows, path.replace(".json", ".png"))
+    print(f"copy ceiling {ceiling:.2f} TB/s; wrote {path}")
+    return 0
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["N"], r["K"]) for r in rows})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.8), squeeze=False)
+    for ax, (N, K) in zip(axes[0], shapes):
+        sel = [r for r in rows if (r["N"], r["K"]) == (N, K)]
+        ms = [r["M"] for r in sel]
+        ax.plot(ms, [r["torch_us"] for r in sel], "o-", label="F.linear (vLLM's CUDA GEMM)")
+        ax.plot(ms, [r["infera_us"] for r in sel], "o-", label="infera skinny-M Triton")
+        ax.plot(ms, [r["floor_us"] for r in sel], "k--", label="floor (weight bytes / copy BW, FLOPs / peak)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"N={N} K={K} bf16", fontsize=9)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("us")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""The vLLM side of infera-linear-hipblaslt: vLLM's unquantized GEMM dispatch, wrapped.
+
+``vllm.model_executor.layers.linear.dispatch_unquantized_gemm`` returns the GEMM a linear layer calls (0.24 /
+0.26: on every call; 0.32: once per layer, at construction, from ``--linear-backend``). The wrapper returns,
+for each GEMM vLLM would pick on this platform (``F.linear`` on CUDA, vLLM's ROCm or CPU GEMMs), a function
+that serves the shapes in the tuning table through the torch custom op ``infera::linear`` and passes the rest
+to vLLM's pick; a backend the user chose (``--linear-backend``, 0.32) is returned untouched and counted.
+The LM head calls its own imported reference (``vocab_parallel_embedding``): wrapped only to count it.
+
+Decisions that read only static facts (weight shape, dtypes, strides, table membership) are taken in Python,
+where Dynamo traces them as constants; the token count is read inside the custom op, on real tensors (each
+eager call, once at CUDA-graph capture), so nothing here specialises vLLM's compiled graph. Counting happens
+only outside Dynamo's tracing. Imported only once the plugin's checks passed (it imports torch and vLLM).
+"""
+
+import functools
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from infera_ops.linear_hipblaslt import ops
+from infera_ops.linear_hipblaslt.table import Table
+from infera_vllm import coverage
+
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+# vLLM's GEMM serves these by design (measured or unmeasured), not for lack of capability: route "handover"
+HANDOVERS = ("untuned", "above-table", "default-faster", "eager-launch-cost", "lm-head", "user-linear-backend")
+
+_state: dict = {"table": None, "count": None, "eager": False, "vllm_gemm": None}
+
+
+def _tokens(x: Tensor) -> int:
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+@torch.library.custom_op("infera::linear", mutates_args=())
+def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """A tuned shape: the bucket for this call's token count decides (real tensors here, never symbolic)."""
+    m = _tokens(x)
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    buckets = _state["table"].buckets(weight.shape[0], weight.shape[1], DTYPES[x.dtype], bias is not None)
+    bucket = Table.choose(buckets, m)
+    if bucket is None:
+        reason = "above-table"
+    elif bucket.choice != "triton":
+        reason = "default-faster"
+    elif not capturing and not _state["eager"]:
+        reason = "eager-launch-cost"  # Triton's Python launch costs more host time than cuBLAS's (docs)
+    else:
+        reason = None
+    _state["count"](reason, m, "plan" if capturing else "call")
+    if reason is None:
+        return ops.skinny_linear(x, weight, bias, bucket.config)
+    return _state["vllm_gemm"](None, x, weight, bias)
+
+
+@linear_op.register_fake
+def _linear_fake(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def static_reason(x: Tensor, weight: Tensor, bias: Optional[Tensor], allow_cpu: bool) -> Optional[str]:
+    """Why a linear call cannot or should not reach ``infera::linear``, from static facts only; None: it can."""
+    if weight.dim() != 2 or weight.numel() == 0:
+        return "weight-replaced"  # vLLM's CPU path moves the weight into its own packed GEMM after loading
+    if x.dtype not in DTYPES or weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return "dtype"
+    if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
+        return "device"
+    if weight.stride(-1) != 1 or x.stride(-1) != 1:
+        return "layout"
+    if _state["table"].buckets(weight.shape[0], weight.shape[1], DTYPES[x.dtype], bias is not None) is None:
+        return "untuned"
+    return None
+
+
+def _make_gemm(vllm_gemm, allow_cpu: bool):
+    def infera_gemm(layer, x, weight, bias=None):
+        reason = static_reason(x, weight, bias, allow_cpu)
+        if reason is None:
+            return torch.ops.infera.linear(x, weight, bias)
+        if not torch.compiler.is_compiling():
+            _state["count"](reason, _tokens(x), "call")
+        return vllm_gemm(layer, x, weight, bias)
+
+    return infera_gemm
+
+
+def _wrap_dispatch(original, ours: dict):
+    @functools.wraps(original)  # inspect.signature still shows vLLM's parameters (the spec's symbol check)
+    def dispatch_unquantized_gemm(*args, **kwargs):
+        chosen = original(*args, **kwargs)
+        gemm = ours.get(chosen)
+        if gemm is None:  # a GEMM backend the user asked for (--linear-backend): theirs
+            if not torch.compiler.is_compiling():
+                _state["count"]("user-linear-backend", None, "plan")
+            return chosen
+        return gemm
+
+    dispatch_unquantized_gemm._infera_original = original
+    return dispatch_unquantized_gemm
+
+
+def _wrap_lm_head(original):
+    @functools.wraps(original)
+    def dispatch_unquantized_gemm(*args, **kwargs):
+        chosen = original(*args, **kwargs)
+
+        def lm_head_gemm(layer, x, weight, bias=None):
+            if not torch.compiler.is_compiling():
+                _state["count"]("lm-head", _tokens(x), "call")
+            return chosen(layer, x, weight, bias)
+
+        return lm_head_gemm
+
+    dispatch_unquantized_gemm._infera_original = original
+    return dispatch_unquantized_gemm
+
+
+def _layerless(vllm_gemm, utils):
+    """vLLM's GEMM for calls a tuned shape hands back from inside ``infera::linear``, where the layer is not
+    known: on CUDA vLLM's default is ``F.linear`` itself, on ROCm its GEMM ignores the layer; the CPU build's
+    calls the layer's packed GEMM, so in CPU validation runs these calls take ``F.linear`` (same maths)."""
+    if vllm_gemm is getattr(utils, "rocm_unquantized_gemm", None):
+        return vllm_gemm
+    return lambda layer, x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+
+def install(op_name: str, table: Table, cpu: bool) -> None:
+    """Wrap vLLM's dispatch (idempotent: a forked child already has it)."""
+    import vllm.model_executor.layers.linear as linear_mod
+    import vllm.model_executor.layers.utils as utils
+    import vllm.model_executor.layers.vocab_parallel_embedding as vocab
+
+    if hasattr(linear_mod.dispatch_unquantized_gemm, "_infera_original"):
+        return
+    raw = os.environ.get("INFERA_LINEAR_EAGER", "").strip().lower()
+    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"INFERA_LINEAR_EAGER={raw!r}: expected 1/0, true/false, yes/no, on/off")
+    _state.update(table=table, count=coverage.CallCounts(op_name, HANDOVERS), eager=raw in ("1", "true", "yes", "on"))
+    vllm_gemms = [getattr(utils, name) for name in ("default_unquantized_gemm", "rocm_unquantized_gemm",
+                                                     "cpu_unquantized_gemm") if hasattr(utils, name)]
+    _state["vllm_gemm"] = _layerless(linear_mod.dispatch_unquantized_gemm(), utils)
+    ours = {fn: _make_gemm(fn, allow_cpu=cpu) for fn in vllm_gemms}
+    linear_mod.dispatch_unquantized_gemm = _wrap_dispatch(linear_mod.dispatch_unquantized_gemm, ours)
+    vocab.dispatch_unquantized_gemm = _wrap_lm_head(vocab.dispatch_unquantized_gemm)

@@ -1,0 +1,134 @@
+"""``infera-vllm tune linear --model CONFIG``: write this GPU family's tuning table (table.py).
+
+For every linear shape of the model (from its ``config.json``; qkv / gate-up split N and o / down split K
+across ``--tp`` ranks; the LM head is not served) and every token count in ``--tokens``: time vLLM's GEMM
+(``F.linear``) and the skinny-M Triton kernel over a grid of blocks, both replayed from CUDA graphs (as vLLM
+decodes), discard any candidate whose result differs from an fp32 reference, and keep the kernel only where
+it is at least ``--margin`` faster (so noise cannot put a slower kernel in the table: the op must never be
+slower than ``F.linear`` at a tuned shape). Runs offline, never inside serving.
+
+    infera-vllm tune linear --model /path/to/model [--tp 2] [--out tuning.json] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+TOKENS = (1, 2, 4, 8, 16, 32, 64)
+GRID = {"block_n": (16, 32, 64), "block_k": (128, 256), "split_k": (1, 2, 4), "num_stages": (3, 4)}
+
+
+def linear_shapes(config: str, tp: int) -> list[dict]:
+    """The distinct (n, k, dtype) of the model's linear layers on one of ``tp`` ranks, with the layers'
+    names; the LM head left out (vLLM calls its GEMM through another reference)."""
+    from infera_vllm.model_sites import load_config, sites
+
+    shapes: dict[tuple, dict] = {}
+    for site in sites(load_config(config)):
+        if site.kind != "linear" or site.attrs.get("lm_head"):
+            continue
+        n, k = site.attrs["n"], site.attrs["k"]
+        column_parallel = site.name.endswith(("qkv_proj", "gate_up_proj"))
+        n, k = (n // tp, k) if column_parallel else (n, k // tp)
+        entry = shapes.setdefault((n, k, site.attrs["dtype"]), {"n": n, "k": k, "dtype": site.attrs["dtype"], "layers": 0,
+                                                                 "example": site.name})
+        entry["layers"] += 1
+    return list(shapes.values())
+
+
+def _candidates(m: int):
+    from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+
+    block_m = max(16, min(64, 1 << (m - 1).bit_length()))
+    for values in itertools.product(*GRID.values()):
+        yield LaunchConfig(block_m=block_m, **dict(zip(GRID, values)))
+
+
+def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench_cudagraph
+
+    from infera_ops.linear_hipblaslt import ops
+    from infera_ops.linear_hipblaslt.reference import linear_reference
+
+    dtype = getattr(torch, shape["dtype"])
+    n, k = shape["n"], shape["k"]
+    w = torch.randn(n, k, dtype=dtype, device="cuda") / k**0.5
+    buckets, rows = [], []
+    for m in tokens:
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        ref = linear_reference(x, w, None)
+        scale = ref.abs().max().item()
+        default_us = do_bench_cudagraph(lambda: F.linear(x, w), rep=20) * 1e3
+        best, best_us = None, float("inf")
+        for cfg in _candidates(m):
+            try:
+                got = ops.skinny_linear(x, w, None, cfg)
+            except Exception as exc:  # e.g. out of shared memory for these blocks: not a candidate
+                log(f"  skip {cfg.as_dict()}: {type(exc).__name__}")
+                continue
+            if not (got.float() - ref).abs().max().item() <= 2e-2 * scale:
+                continue
+            us = do_bench_cudagraph(lambda: ops.skinny_linear(x, w, None, cfg), rep=20) * 1e3
+            if us < best_us:
+                best, best_us = cfg, us
+        speedup = default_us / best_us if best else 0.0
+        use = best is not None and speedup >= margin
+        buckets.append({"max_m": m, "choice": "triton" if use else "default", "speedup": round(speedup if use else 1.0, 3),
+                        **({"config": best.as_dict()} if use else {})})
+        rows.append({"m": m, "default_us": default_us, "triton_us": best_us, "speedup": speedup,
+                     "config": best.as_dict() if best else None})
+        log(f"N={n:<6} K={k:<6} M={m:<4} F.linear {default_us:8.1f} us | triton {best_us:8.1f} us x{speedup:.2f} "
+            f"-> {'triton' if use else 'default'}")
+    return {"entry": {"n": n, "k": k, "dtype": shape["dtype"], "bias": False, "buckets": buckets}, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="infera-vllm tune linear", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory or config.json")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size the model will be served with")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts to measure (buckets)")
+    parser.add_argument("--margin", type=float, default=1.03, help="the kernel's minimum speedup to be chosen")
+    parser.add_argument("--out", help="table to write (default: ./<family>.json); existing entries of other shapes are kept")
+    parser.add_argument("--dry-run", action="store_true", help="print the shapes that would be tuned, measure nothing")
+    args = parser.parse_args(argv)
+    try:
+        shapes = linear_shapes(args.model, args.tp)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"infera-vllm tune linear: {args.model}: {exc!r}", file=sys.stderr)
+        return 2
+    for s in shapes:
+        print(f"N={s['n']:<6} K={s['k']:<6} {s['dtype']:<9} x{s['layers']} layers (e.g. {s['example']})")
+    if args.dry_run:
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("infera-vllm tune linear: needs a GPU (the table holds measurements of this GPU family); "
+              "--dry-run lists the shapes", file=sys.stderr)
+        return 2
+    from infera_vllm.platform import detect_gpu_family
+
+    family = detect_gpu_family()[0] or "unknown"
+    out = args.out or f"{family}.json"
+    doc = {"entries": []}
+    if os.path.exists(out):
+        with open(out) as f:
+            doc = json.load(f)
+    tokens = tuple(int(t) for t in args.tokens.split(","))
+    measured = [tune_shape(s, tokens, args.margin, lambda line: print(line, flush=True)) for s in shapes]
+    new = {(r["entry"]["n"], r["entry"]["k"], r["entry"]["dtype"], False): r["entry"] for r in measured}
+    kept = [e for e in doc["entries"] if (e["n"], e["k"], e["dtype"], e["bias"]) not in new]
+    doc = {"comment": f"written by `infera-vllm tune linear` on {torch.cuda.get_device_name()} (torch {torch.__version__}); "
+                      f"kernel chosen where >= {args.margin}x F.linear", "entries": kept + list(new.values()),
+           "measurements": {f"{n}x{k}": r["rows"] for (n, k, _, _), r in zip(new, measured)}}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {out} ({len(doc['entries'])} shapes)")
+    return 0

@@ -1,0 +1,106 @@
+"""The wrapped GEMM dispatch in the real vLLM 0.32 (CPU build): a tiny random-weight Llama checkpoint
+written here, served with the op named and not, with a tuning table written for its shapes. Each linear
+call is routed by the table (kernel under Triton's interpreter, ``default-faster``, ``above-table``), the LM
+head is counted ``lm-head``, and the greedy outputs agree with plugin-off. Where vLLM's CPU build moves a
+linear weight into its own packed GEMM after loading (``dispatch_cpu_unquantized_gemm(remove_weight=True)``,
+depending on the CPU's instruction set), those calls must be declined ``weight-replaced`` instead."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.interpret
+if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
+
+MAKE = r"""
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False)
+model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+with torch.no_grad():
+    for p in model.parameters():
+        p.normal_(0, 0.2)
+model.save_pretrained(sys.argv[1])
+"""
+
+RUN = r"""
+import json, sys
+from vllm import LLM, SamplingParams
+
+def main():
+    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=256,
+              seed=0, gpu_memory_utilization=0.2)
+    prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 500 + 1 for j in range(12 + i)]} for i in range(2)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=0, detokenize=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    res = [{"prompt": [pos[tok].logprob for pos, tok in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])],
+            "tokens": list(o.outputs[0].token_ids),
+            "logprobs": [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]} for o in outs]
+    print("RESULT" + json.dumps(res))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _run(script, *args, env):
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+SMALL = {"block_m": 16, "block_n": 32, "block_k": 32}
+TABLE = {"entries": [  # the tiny Llama's shapes: qkv (2 + 2·1 heads x 64), o, gate_up, down
+    {"n": 256, "k": 128, "dtype": "bfloat16", "bias": False,
+     "buckets": [{"max_m": 64, "choice": "triton", "config": SMALL}]},
+    {"n": 128, "k": 128, "dtype": "bfloat16", "bias": False, "buckets": [{"max_m": 64, "choice": "default"}]},
+    {"n": 512, "k": 128, "dtype": "bfloat16", "bias": False,
+     "buckets": [{"max_m": 64, "choice": "triton", "config": {**SMALL, "split_k": 2}}]},
+    {"n": 128, "k": 256, "dtype": "bfloat16", "bias": False,
+     "buckets": [{"max_m": 4, "choice": "triton", "config": SMALL}]},  # prefill (25 tokens): above the table
+]}
+
+
+def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
+    ckpt = tmp_path / "llama-tiny"
+    _run(MAKE, str(ckpt), env={})
+    (tmp_path / "table.json").write_text(json.dumps(TABLE))
+    off = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS_DISABLE": "1"})
+    report_dir = tmp_path / "report"
+    on = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS": "linear-hipblaslt", "INFERA_VLLM_REPORT_DIR": str(report_dir),
+                                   "INFERA_LINEAR_TUNING": str(tmp_path / "table.json"), "INFERA_LINEAR_EAGER": "1"})
+    for a, b in zip(*(json.loads(out.split("RESULT")[-1].splitlines()[0]) for out in (on, off))):
+        # teacher-forced: every prompt position's log-probability, no argmax flips involved
+        assert max(abs(x - y) for x, y in zip(a["prompt"], b["prompt"])) < 0.05, (a, b)
+        # generated: the same tokens up to the first near-tie flip (random weights), close log-probabilities
+        n = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
+        assert n >= 3 and max(abs(x - y) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])) < 0.05, (a, b)
+
+    proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(report_dir), "--json"],
+                          capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout)
+    assert any(o["op"] == "linear-hipblaslt" and o["status"] == "active" for o in report["ops"]), report["ops"]
+    routes = {}
+    for c in report["counts"]:
+        if c["op"] == "linear-hipblaslt":
+            routes[(c["route"], c["reason"])] = routes.get((c["route"], c["reason"]), 0) + c["count"]
+    assert routes[("handover", "lm-head")] >= 6, routes  # at least once per generated token
+    if ("fallback", "weight-replaced") in routes:  # this CPU's vLLM packs the weights: nothing else may be served
+        assert set(routes) == {("fallback", "weight-replaced"), ("handover", "lm-head")}, routes
+        return
+    # per forward and layer: qkv and gate_up on the kernel, o "default-faster", down on the kernel for the
+    # decode steps (2 tokens) and "above-table" for the prefill (25 tokens)
+    assert set(routes) == {("kernel", ""), ("handover", "default-faster"), ("handover", "above-table"),
+                           ("handover", "lm-head")}, routes
+    o_proj = routes[("handover", "default-faster")]  # one o_proj call per layer and forward
+    assert o_proj >= 2 * 6 and o_proj % 2 == 0, routes
+    assert routes[("kernel", "")] + routes[("handover", "above-table")] == 3 * o_proj, routes
+    assert routes[("handover", "above-table")] >= 2, routes
