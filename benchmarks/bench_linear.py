@@ -29,6 +29,7 @@ PEAK_TFLOPS = 790.0  # H200 dense bf16, the issue's floor
 
 def main() -> int:
     import torch.nn.functional as F
+    from triton.runtime.errors import OutOfResources
     from triton.testing import do_bench_cudagraph
 
     from infera_ops.linear_hipblaslt import ops, table
@@ -59,7 +60,10 @@ def main() -> int:
             source = "grid"
         best, t_best, err = None, float("inf"), None
         for cfg in cands:
-            got = ops.skinny_linear(x, w, None, cfg)
+            try:
+                got = ops.skinny_linear(x, w, None, cfg)
+            except OutOfResources:  # e.g. 64-row tiles with 4 stages exceed shared memory: not a candidate
+                continue
             e = ((got.float() - ref).abs().max() / ref.abs().max()).item()
             if not e <= 2e-2:
                 continue

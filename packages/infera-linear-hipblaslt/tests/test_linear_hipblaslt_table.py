@@ -77,3 +77,18 @@ def test_cli_runs_the_ops_tuner(tmp_path):
     assert bad.returncode == 2 and "has no tuner" in bad.stderr and "linear-hipblaslt" in bad.stderr
     missing = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "nope"], capture_output=True, text=True)
     assert missing.returncode == 2 and "no installed wheel provides it" in missing.stderr
+
+
+def test_doctor_plan_per_layer(monkeypatch, tmp_path):
+    """``doctor --model``'s per-layer answer: a tuned shape is taken, an untuned one and the LM head are not."""
+    from infera_ops.linear_hipblaslt.seam import plan
+    from infera_vllm.model_sites import Site
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(GOOD))
+    monkeypatch.setenv("INFERA_LINEAR_TUNING", str(path))
+    assert plan(Site("linear", "model.layers.0.mlp.down_proj", {"n": 64, "k": 32, "dtype": "bfloat16"})) is None
+    assert plan(Site("linear", "model.layers.0.self_attn.o_proj", {"n": 64, "k": 64, "dtype": "bfloat16"})).code == "untuned"
+    assert plan(Site("linear", "lm_head", {"n": 64, "k": 32, "dtype": "bfloat16", "lm_head": True})).code == "lm-head"
+    monkeypatch.setenv("INFERA_LINEAR_TUNING", str(tmp_path / "missing.json"))
+    assert plan(Site("linear", "x", {"n": 64, "k": 32, "dtype": "bfloat16"})).code == "bad-tuning"
