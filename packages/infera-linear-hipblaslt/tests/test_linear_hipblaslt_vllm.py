@@ -35,7 +35,7 @@ import json, sys
 from vllm import LLM, SamplingParams
 
 def main():
-    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=256,
+    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=sys.argv[2] == "eager", dtype="bfloat16", max_model_len=256,
               seed=0, gpu_memory_utilization=0.2)
     prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 500 + 1 for j in range(12 + i)]} for i in range(2)]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=0, detokenize=False)
@@ -48,6 +48,19 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+
+def _assert_close(got, want):
+    for a, b in zip(got, want, strict=True):
+        # teacher-forced: every prompt position's log-probability, no argmax flips involved
+        assert max(abs(x - y) for x, y in zip(a["prompt"], b["prompt"])) < 0.05, (a, b)
+        # generated: the same tokens up to the first near-tie flip (random weights), close log-probabilities
+        n = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
+        assert n >= 3 and max(abs(x - y) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])) < 0.05, (a, b)
+
+
+def _result(out):
+    return json.loads(out.split("RESULT")[-1].splitlines()[0])
 
 
 def _run(script, *args, env):
@@ -73,16 +86,17 @@ def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
     ckpt = tmp_path / "llama-tiny"
     _run(MAKE, str(ckpt), env={})
     (tmp_path / "table.json").write_text(json.dumps(TABLE))
-    off = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS_DISABLE": "1"})
+    off = _run(RUN, str(ckpt), "eager", env={"INFERA_VLLM_OPS_DISABLE": "1"})
     report_dir = tmp_path / "report"
-    on = _run(RUN, str(ckpt), env={"INFERA_VLLM_OPS": "linear-hipblaslt", "INFERA_VLLM_REPORT_DIR": str(report_dir),
-                                   "INFERA_LINEAR_TUNING": str(tmp_path / "table.json"), "INFERA_LINEAR_EAGER": "1"})
-    for a, b in zip(*(json.loads(out.split("RESULT")[-1].splitlines()[0]) for out in (on, off))):
-        # teacher-forced: every prompt position's log-probability, no argmax flips involved
-        assert max(abs(x - y) for x, y in zip(a["prompt"], b["prompt"])) < 0.05, (a, b)
-        # generated: the same tokens up to the first near-tie flip (random weights), close log-probabilities
-        n = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
-        assert n >= 3 and max(abs(x - y) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])) < 0.05, (a, b)
+    on_env = {"INFERA_VLLM_OPS": "linear-hipblaslt", "INFERA_LINEAR_TUNING": str(tmp_path / "table.json"),
+              "INFERA_LINEAR_EAGER": "1"}
+    on = _run(RUN, str(ckpt), "eager", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(report_dir)})
+    # compiled (vLLM's Dynamo trace + Inductor on the CPU): the wrapper's Python is traced, the token count is
+    # read only inside infera::linear; the engine must start (no specialised graph) and give the same answers
+    compiled_dir = tmp_path / "report-compiled"
+    compiled = _run(RUN, str(ckpt), "compiled", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(compiled_dir)})
+    _assert_close(_result(compiled), _result(off))  # Inductor rounds vLLM's other ops differently: not bit-equal
+    _assert_close(_result(on), _result(off))
 
     proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(report_dir), "--json"],
                           capture_output=True, text=True, check=True)
@@ -104,3 +118,6 @@ def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
     assert o_proj >= 2 * 6 and o_proj % 2 == 0, routes
     assert routes[("kernel", "")] + routes[("handover", "above-table")] == 3 * o_proj, routes
     assert routes[("handover", "above-table")] >= 2, routes
+    compiled_report = json.loads(subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(compiled_dir), "--json"],
+                                                capture_output=True, text=True, check=True).stdout)
+    assert any(c["op"] == "linear-hipblaslt" and c["route"] == "kernel" for c in compiled_report["counts"])

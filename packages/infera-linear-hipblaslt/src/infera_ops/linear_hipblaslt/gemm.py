@@ -88,16 +88,22 @@ def _make_gemm(vllm_gemm, allow_cpu: bool):
     return infera_gemm
 
 
-def _wrap_dispatch(original, ours: dict):
+def _wrap_dispatch(original, ours: tuple, platform_gemm):
+    """``ours``: ((vLLM's GEMM, its wrapped version), ...); ``platform_gemm``: the wrapped version of what the
+    argument-less call returns on this platform. 0.24/0.26 call the dispatcher without arguments on every
+    linear call, inside Dynamo's trace: that path returns the precomputed function and runs nothing else."""
+
     @functools.wraps(original)  # inspect.signature still shows vLLM's parameters (the spec's symbol check)
     def dispatch_unquantized_gemm(*args, **kwargs):
-        chosen = original(*args, **kwargs)
-        gemm = ours.get(chosen)
-        if gemm is None:  # a GEMM backend the user asked for (--linear-backend): theirs
-            if not torch.compiler.is_compiling():
-                _state["count"]("user-linear-backend", None, "plan")
-            return chosen
-        return gemm
+        if not args and not kwargs:
+            return platform_gemm
+        chosen = original(*args, **kwargs)  # 0.32: once per layer, at construction, with --linear-backend
+        for vllm_gemm, gemm in ours:
+            if chosen is vllm_gemm:
+                return gemm
+        if not torch.compiler.is_compiling():  # a GEMM backend the user asked for (--linear-backend): theirs
+            _state["count"]("user-linear-backend", None, "plan")
+        return chosen
 
     dispatch_unquantized_gemm._infera_original = original
     return dispatch_unquantized_gemm
@@ -142,7 +148,9 @@ def install(op_name: str, table: Table, cpu: bool) -> None:
     _state.update(table=table, count=coverage.CallCounts(op_name, HANDOVERS), eager=raw in ("1", "true", "yes", "on"))
     vllm_gemms = [getattr(utils, name) for name in ("default_unquantized_gemm", "rocm_unquantized_gemm",
                                                      "cpu_unquantized_gemm") if hasattr(utils, name)]
-    _state["vllm_gemm"] = _layerless(linear_mod.dispatch_unquantized_gemm(), utils)
-    ours = {fn: _make_gemm(fn, allow_cpu=cpu) for fn in vllm_gemms}
-    linear_mod.dispatch_unquantized_gemm = _wrap_dispatch(linear_mod.dispatch_unquantized_gemm, ours)
+    platform_default = linear_mod.dispatch_unquantized_gemm()
+    _state["vllm_gemm"] = _layerless(platform_default, utils)
+    ours = tuple((fn, _make_gemm(fn, allow_cpu=cpu)) for fn in vllm_gemms)
+    platform_gemm = next((gemm for fn, gemm in ours if fn is platform_default), None) or _make_gemm(platform_default, cpu)
+    linear_mod.dispatch_unquantized_gemm = _wrap_dispatch(linear_mod.dispatch_unquantized_gemm, ours, platform_gemm)
     vocab.dispatch_unquantized_gemm = _wrap_lm_head(vocab.dispatch_unquantized_gemm)
