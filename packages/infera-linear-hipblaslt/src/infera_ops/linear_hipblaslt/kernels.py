@@ -11,14 +11,7 @@ and ``_split_k_sum_kernel`` adds them in split order (deterministic, no atomics)
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _dot(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b. FP32_DOT: upcast first (Triton's CPU interpreter has no bf16 arithmetic: its bf16
-    tl.dot multiplies raw bits); on GPUs the bf16/fp16 tensor-core dot with fp32 accumulation."""
-    if FP32_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
+from infera_vllm.triton_dot import dot as _dot
 
 
 @triton.jit
@@ -39,7 +32,7 @@ def _skinny_linear_kernel(
     BLOCK_K: tl.constexpr,  # reduction chunk
     SPLIT_K: tl.constexpr,  # programs along K (1: no split, bias and cast fused here)
     HAS_BIAS: tl.constexpr,
-    FP32_DOT: tl.constexpr,  # see _dot
+    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

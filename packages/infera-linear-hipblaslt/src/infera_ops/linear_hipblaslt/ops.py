@@ -1,12 +1,11 @@
 """Launcher of the skinny-M linear (kernels.py). Capture-safe: no host synchronisation, buffers from the
 current stream's allocator, grid sizes from shapes only."""
 
-import os
-
 import torch
 import triton
 
 from infera_ops.linear_hipblaslt.kernels import LaunchConfig, _skinny_linear_kernel, _split_k_sum_kernel
+from infera_vllm import triton_dot
 
 SUM_BLOCK = 256
 
@@ -26,7 +25,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if M == 0:
         return y
     cfg = config
-    fp32_dot = os.environ.get("TRITON_INTERPRET") == "1"  # kernels.py: _dot
+    fp32_dot = triton_dot.fp32_dot()
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton.cdiv(K, k_per_split)
     grid = (triton.cdiv(N, cfg.block_n), triton.cdiv(M, cfg.block_m), split)

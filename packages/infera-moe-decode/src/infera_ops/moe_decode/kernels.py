@@ -29,6 +29,8 @@ The down projection and the top-k sum come in two forms (``LaunchConfig.fused_su
 import triton
 import triton.language as tl
 
+from infera_vllm.triton_dot import dot as _dot
+
 
 @triton.jit
 def _expert_rows(topk_ids_ptr, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -50,15 +52,6 @@ def _expert_rows(topk_ids_ptr, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _dot(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b. FP32_DOT: upcast first (Triton's CPU interpreter has no bf16 arithmetic: its bf16
-    tl.dot multiplies raw bits); on GPUs the bf16/fp16 tensor-core dot with fp32 accumulation."""
-    if FP32_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,  # [M, H]
     x_row_stride,
@@ -76,7 +69,7 @@ def _moe_gate_up_kernel(
     BLOCK_M: tl.constexpr,  # >= the most tokens one expert can have (M), >= 16 for tl.dot
     BLOCK_I: tl.constexpr,  # output columns (of I) per program
     BLOCK_H: tl.constexpr,  # reduction chunk along H
-    FP32_DOT: tl.constexpr,  # see _dot
+    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
 ):
     pid_i = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
@@ -118,7 +111,7 @@ def _moe_down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # output columns (of H) per program
     BLOCK_K: tl.constexpr,  # reduction chunk along I
-    FP32_DOT: tl.constexpr,  # see _dot
+    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
 ):
     pid_n = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
@@ -155,7 +148,7 @@ def _moe_down_sum_kernel(
     BLOCK_TOPK: tl.constexpr,  # >= TOPK (power of two)
     BLOCK_N: tl.constexpr,  # output columns (of H) per program
     BLOCK_K: tl.constexpr,  # reduction chunk along I
-    FP32_DOT: tl.constexpr,  # see _dot
+    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
 ):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H

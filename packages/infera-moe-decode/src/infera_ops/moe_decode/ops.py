@@ -4,13 +4,12 @@ Capture-safe: no host synchronisation, buffers allocated on the current stream (
 captured), grid sizes from shapes only.
 """
 
-import os
-
 import torch
 import triton
 
 from infera_ops.moe_decode.kernels import (LaunchConfig, _moe_down_kernel, _moe_down_sum_kernel, _moe_gate_up_kernel,
                                            _topk_sum_kernel, block_m, block_mk)
+from infera_vllm import triton_dot
 
 SUM_BLOCK_H = 256  # the top-k sum reads M·TOPK·H fp32: a few programs per token, any size works
 
@@ -38,7 +37,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
     bm, bmk = block_m(M), block_mk(mk)
-    fp32_dot = os.environ.get("TRITON_INTERPRET") == "1"  # kernels.py: _dot
+    fp32_dot = triton_dot.fp32_dot()
     _moe_gate_up_kernel[(mk, triton.cdiv(inter, cfg.block_i))](
         x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
         mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
