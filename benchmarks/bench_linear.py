@@ -2,7 +2,10 @@
 
 The issue's shapes (Llama-3-8B-like qkv 6144x4096, gate-up 28672x4096, down 4096x14336) at decode and
 prefill token counts; for each, the best of a small block grid (or the tuning table's choice where the
-shape is tuned), both timed from CUDA-graph replays. Floor = max(weight bytes / copy bandwidth,
+shape is tuned), all timed from CUDA-graph replays. Beside them the library's other routes that torch
+reaches: cuBLASLt instead of cuBLAS (``torch.backends.cuda.preferred_blas_library``) and TunableOp's
+per-shape algorithm search (tuned once per shape outside the timing, then replayed; the solution it
+picked is recorded), so the table can say whether any BLASLt choice beats the default. Floor = max(weight bytes / copy bandwidth,
 FLOPs / 790 TFLOP/s). Prints a table, writes JSON after every row (a time-out keeps what finished) and a
 plot under ``results/<gpu>/`` (or ``$BENCH_OUT``).
 
@@ -50,6 +53,7 @@ def main() -> int:
         x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
         ref = linear_reference(x, w, None)
         t_torch = do_bench_cudagraph(lambda: F.linear(x, w), rep=30) * 1e3
+        t_lt, t_tunable, tunable_solution = blaslt_routes(x, w, ref)
         buckets = tuned.buckets(N, K, "bfloat16", False) if tuned else None
         bucket = table.Table.choose(buckets, M) if buckets else None
         if bucket is not None and bucket.choice == "triton":
@@ -72,18 +76,58 @@ def main() -> int:
                 best, t_best, err = cfg, t, e
         floor_us = max(N * K * 2 / (ceiling * 1e12), 2 * M * N * K / (PEAK_TFLOPS * 1e12)) * 1e6
         row = {"N": N, "K": K, "M": M, "torch_us": t_torch, "infera_us": t_best, "speedup": t_torch / t_best,
+               "cublaslt_us": t_lt, "tunableop_us": t_tunable, "tunableop_solution": tunable_solution,
                "floor_us": floor_us, "torch_of_floor": floor_us / t_torch, "infera_of_floor": floor_us / t_best,
                "config": best.as_dict() if best else None, "source": source, "max_rel_err": err}
         rows.append(row)
         print(f"N={N:<6} K={K:<6} M={M:<5} F.linear {t_torch:8.1f} us ({row['torch_of_floor']:5.0%} of floor) | "
               f"triton {t_best:8.1f} us ({row['infera_of_floor']:5.0%}) x{row['speedup']:.2f} [{source}] "
-              f"{best.as_dict() if best else '-'}", flush=True)
+              f"{best.as_dict() if best else '-'} | cuBLASLt {t_lt:.1f} us x{t_torch / t_lt:.2f} | "
+              f"TunableOp {t_tunable:.1f} us x{t_torch / t_tunable:.2f} ({tunable_solution})", flush=True)
         path = write_json(out_dir, "bench_linear", {"benchmark": "bench_linear", "machine": machine,
                                                     "copy_ceiling_tb_s": ceiling, "peak_tflops": PEAK_TFLOPS,
                                                     "tuning": tuned.source if tuned else None, "rows": rows})
     plot(rows, path.replace(".json", ".png"))
     print(f"copy ceiling {ceiling:.2f} TB/s; wrote {path}")
     return 0
+
+
+def blaslt_routes(x, w, ref) -> tuple[float, float, str]:
+    """F.linear timed with cuBLASLt preferred, and with TunableOp on after tuning this shape once (results
+    kept in memory only). Returns (cuBLASLt us, TunableOp us, TunableOp's chosen solution); inf for a route
+    whose result differs from the reference."""
+    import torch.nn.functional as F
+    from triton.testing import do_bench_cudagraph
+
+    def checked(fn) -> float:
+        got = fn()
+        if not ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 2e-2:
+            return float("inf")
+        return do_bench_cudagraph(fn, rep=30) * 1e3
+
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        t_lt = checked(lambda: F.linear(x, w))
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+    tunable = torch.cuda.tunable
+    tunable.write_file_on_exit(False)
+    tunable.set_filename(os.path.join(os.environ.get("TMPDIR", "/tmp"), "infera_bench_tunableop.csv"))
+    tunable.enable(True)
+    tunable.tuning_enable(True)
+    try:
+        known = set(map(tuple, tunable.get_results()))
+        F.linear(x, w)  # tunes this (op, shape, dtype) once, eagerly
+        torch.cuda.synchronize()
+        tunable.tuning_enable(False)
+        t_tunable = checked(lambda: F.linear(x, w))
+        new = [r for r in map(tuple, tunable.get_results()) if r not in known]
+        solution = "; ".join(f"{r[0]} {r[1]}: {r[2]}" for r in new) or "already tuned"
+    finally:
+        tunable.tuning_enable(False)
+        tunable.enable(False)
+    return t_lt, t_tunable, solution
 
 
 def plot(rows, path):
@@ -99,6 +143,8 @@ def plot(rows, path):
         ms = [r["M"] for r in sel]
         ax.plot(ms, [r["torch_us"] for r in sel], "o-", label="F.linear (vLLM's CUDA GEMM)")
         ax.plot(ms, [r["infera_us"] for r in sel], "o-", label="infera skinny-M Triton")
+        ax.plot(ms, [r["cublaslt_us"] for r in sel], "s:", label="F.linear via cuBLASLt")
+        ax.plot(ms, [r["tunableop_us"] for r in sel], "^:", label="F.linear with TunableOp")
         ax.plot(ms, [r["floor_us"] for r in sel], "k--", label="floor (weight bytes / copy BW, FLOPs / peak)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -3,6 +3,8 @@ with tensor parallel 1 and 2, plugin off and on, and for MoE models with expert 
 own process (each engine's workers load the plugin on their own).
 
     python benchmarks/e2e_parallel.py --preset h200x2 [--models qwen3-30b-a3b,llama-3-8b,qwen3-8b]
+    python benchmarks/e2e_parallel.py --preset h200x2-random   # Qwen3-8B-shaped, one random checkpoint, TP=1 and 2
+    python benchmarks/e2e_parallel.py --preset h200-linear     # one GPU: Llama-3-8B-shaped, linear-hipblaslt on/off
     python benchmarks/e2e_parallel.py --preset tiny     # CPU check of this script (2 CPU workers, interpreter)
 
 Per model and run: teacher-forced top-1 on the same random-token prompts (``prompt_logprobs``), compared with
@@ -12,8 +14,9 @@ process, each op's verdict per process, the ops' call counts).
 
 Dummy weights are vLLM's seeded uniform init applied to each rank's own shard: the same model for plugin on
 and off at one TP size, but a different model at another TP size (measured on the CPU build: TP=1 vs TP=2
-plugin-off agree on 33% of positions). So on vs off is compared at the same TP size here; TP=1 vs TP=2 with
-real weights is the CPU test's job (packages/infera-moe-decode/tests/test_moe_decode_vllm.py).
+plugin-off agree on 33% of positions). So dummy-weight presets compare on vs off at the same TP size; the
+``weights="random"`` presets first write one random-normal safetensors checkpoint (transformers' own init,
+seed 0) that every run loads, so TP=1 and TP=2 serve the same model and can be compared.
 """
 
 from __future__ import annotations
@@ -45,16 +48,19 @@ MODELS = {
 TINY_MOE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=32, num_hidden_layers=2,
                 num_attention_heads=2, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
                 vocab_size=512, max_window_layers=2)
-# label: (tensor parallel size, plugin on, expert parallel)
-RUNS = {"tp1-off": (1, False, False), "tp2-off": (2, False, False), "tp2-on": (2, True, False),
-        "ep2-on": (2, True, True)}
+# label: (tensor parallel size, INFERA_VLLM_OPS or None for the plugin off ("": the default ops), expert parallel)
+RUNS = {"tp1-off": (1, None, False), "tp2-off": (2, None, False), "tp2-on": (2, "", False),
+        "ep2-on": (2, "", True), "tp1-linear": (1, "linear-hipblaslt", False)}
+H200 = dict(prompts=8, prompt_tokens=256, batches=(1, 16), max_tokens=128, repeats=3, weights="dummy", shrink={},
+            llm=dict(gpu_memory_utilization=0.85, max_model_len=1024, max_num_seqs=16))
 PRESETS = {
     # TP=1 left out: with dummy weights it is another model (docstring); MoE first (both ops), then dense
-    "h200x2": dict(models=("qwen3-30b-a3b", "llama-3-8b", "qwen3-8b"), shrink={}, prompts=8, prompt_tokens=256,
-                   batches=(1, 16), max_tokens=128, repeats=3, runs=("tp2-off", "tp2-on", "ep2-on"),
-                   llm=dict(gpu_memory_utilization=0.85, max_model_len=1024, max_num_seqs=16)),
+    "h200x2": dict(H200, models=("qwen3-30b-a3b", "llama-3-8b", "qwen3-8b"), runs=("tp2-off", "tp2-on", "ep2-on")),
+    "h200x2-random": dict(H200, models=("qwen3-8b",), weights="random", runs=("tp1-off", "tp2-off", "tp2-on")),
+    # one GPU: the opt-in linear op alone against the plugin off (its table from `infera-vllm tune linear`)
+    "h200-linear": dict(H200, models=("llama-3-8b",), batches=(1, 8), repeats=5, runs=("tp1-off", "tp1-linear")),
     "tiny": dict(models=("qwen3-30b-a3b",), shrink={"qwen3-30b-a3b": TINY_MOE}, prompts=2, prompt_tokens=24,
-                 batches=(1, 4), max_tokens=4, repeats=1, runs=("tp1-off", "tp2-off", "tp2-on"),
+                 batches=(1, 4), max_tokens=4, repeats=1, runs=("tp1-off", "tp2-off", "tp2-on"), weights="random",
                  llm=dict(gpu_memory_utilization=0.2, max_model_len=256, max_num_seqs=4, enforce_eager=True)),
 }
 
@@ -64,8 +70,8 @@ def run_one(model: str, tp: int, ep: bool, preset: dict, vocab: int) -> dict:
 
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              tensor_parallel_size=tp, enable_expert_parallel=ep, **preset["llm"])
+    llm = LLM(model=model, load_format="dummy" if preset["weights"] == "dummy" else "auto", skip_tokenizer_init=True,
+              dtype="bfloat16", seed=0, tensor_parallel_size=tp, enable_expert_parallel=ep, **preset["llm"])
     rng = random.Random(0)
     prompts = [[rng.randrange(1, vocab) for _ in range(preset["prompt_tokens"])] for _ in range(preset["prompts"])]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
@@ -83,6 +89,21 @@ def run_one(model: str, tp: int, ep: bool, preset: dict, vocab: int) -> dict:
             gen = llm.generate(batch_prompts, params, use_tqdm=False)
             rates[str(batch)].append(sum(len(o.outputs[0].token_ids) for o in gen) / (time.perf_counter() - start))
     return {"top1": top1, "tokens_per_s_all": rates}
+
+
+def write_random_checkpoint(model: str) -> None:
+    """The model directory's config as a bf16 safetensors checkpoint with transformers' random init (seed 0),
+    built on the GPU where there is one; run in its own process so the orchestrator holds no GPU memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        net = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    net.save_pretrained(model, safe_serialization=True)
 
 
 def _spawn(args: list[str], env_update: dict, report_dir: str) -> dict:
@@ -111,19 +132,27 @@ def _coverage(report_dir: str) -> dict | None:
                        f"(x{c['processes']} processes)" for c in merged["counts"]]}
 
 
-def run_model(name: str, preset_name: str, preset: dict, work: str) -> dict:
+def run_model(name: str, preset_name: str, preset: dict, work: str, save) -> dict:
     cfg = {**MODELS[name], **preset["shrink"].get(name, {})}
     model = os.path.join(work, name)
     os.makedirs(model, exist_ok=True)
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
+    result = {"model": name, "config": cfg, "weights": preset["weights"], "rows": []}
+    if preset["weights"] == "random":
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--write-checkpoint", model])
+        if proc.returncode != 0:
+            result["rows"].append({"run": "write-checkpoint", "error": f"exit {proc.returncode}"})
+            return result
+        print(f"[{name}] random checkpoint written in {time.perf_counter() - start:.0f} s", flush=True)
     is_moe = "num_experts" in cfg
     labels = [lb for lb in preset.get("runs", RUNS) if is_moe or not RUNS[lb][2]]
     runs = {}
     for label in labels:
-        tp, on, ep = RUNS[label]
+        tp, ops, ep = RUNS[label]
         report_dir = os.path.join(work, f"report-{name}-{label}")
-        env = {} if on else {"INFERA_VLLM_OPS_DISABLE": "1"}
+        env = {"INFERA_VLLM_OPS_DISABLE": "1"} if ops is None else {"INFERA_VLLM_OPS": ops} if ops else {}
         if tp > 1 and os.environ.get("INFERA_PARALLEL_CPU_BIND"):  # CPU build: one core per rank
             env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["INFERA_PARALLEL_CPU_BIND"]
         res = _spawn(["--one", model, "--preset", preset_name, "--tp", str(tp)] + (["--ep"] if ep else []),
@@ -131,9 +160,16 @@ def run_model(name: str, preset_name: str, preset: dict, work: str) -> dict:
         res["coverage"] = _coverage(report_dir)
         runs[label] = res
         print(f"[{name}] {label}: {res.get('error') or 'ok'}", flush=True)
+        result["rows"] = _rows(runs)
+        save(result)  # after each run: a time-out keeps what finished
+    return result
+
+
+def _rows(runs: dict) -> list[dict]:
     rows = []
     for label, res in runs.items():
-        row = {"run": label, "tp": RUNS[label][0], "plugin": RUNS[label][1], "expert_parallel": RUNS[label][2],
+        tp, ops, ep = RUNS[label]
+        row = {"run": label, "tp": tp, "plugin": ops is not None, "ops": ops, "expert_parallel": ep,
                "error": res.get("error"), "coverage": res["coverage"]}
         if "top1" in res:
             for ref in ("tp2-off", "tp1-off"):
@@ -142,29 +178,29 @@ def run_model(name: str, preset_name: str, preset: dict, work: str) -> dict:
             row["tokens_per_s"] = {b: _median(v) for b, v in res["tokens_per_s_all"].items()}
             row["tokens_per_s_all"] = res["tokens_per_s_all"]
             # plugin off at the same TP size and expert-parallel setting (none for ep2-on: no ep2-off run)
-            base = next((runs[lb] for lb, (tp, on, ep) in RUNS.items() if lb in runs and not on
-                         and (tp, ep) == (RUNS[label][0], RUNS[label][2])), {})
-            if RUNS[label][1] and "tokens_per_s_all" in base:
+            base = next((runs[lb] for lb, (tp_b, ops_b, ep_b) in RUNS.items() if lb in runs and ops_b is None
+                         and (tp_b, ep_b) == (tp, ep)), {})
+            if ops is not None and "tokens_per_s_all" in base:
                 row["ratio_vs_off_same_tp"] = {b: row["tokens_per_s"][b] / _median(base["tokens_per_s_all"][b])
                                                for b in row["tokens_per_s"]}
         rows.append(row)
-    return {"model": name, "config": cfg, "rows": rows}
+    return rows
 
 
 def render(result: dict) -> str:
     lines = [f"== {result['model']}",
-             f"{'run':<8} {'agree/tp2-off':>13} {'agree/tp1-off':>13} {'tok/s b=1':>10} {'tok/s b=max':>11} {'on/off':>12}"]
+             f"{'run':<10} {'agree/tp2-off':>13} {'agree/tp1-off':>13} {'tok/s b=1':>10} {'tok/s b=max':>11} {'on/off':>12}"]
     for r in result["rows"]:
         if r["error"]:
-            lines.append(f"{r['run']:<8} FAILED ({r['error']})")
+            lines.append(f"{r['run']:<10} FAILED ({r['error']})")
             continue
         tps = list(r["tokens_per_s"].values())
         ratio = " ".join(f"{v:.3f}" for v in r.get("ratio_vs_off_same_tp", {}).values())
         a2, a1 = r.get("agreement_vs_tp2-off"), r.get("agreement_vs_tp1-off")
-        lines.append(f"{r['run']:<8} {'' if a2 is None else f'{a2:.4f}':>13} {'' if a1 is None else f'{a1:.4f}':>13} "
+        lines.append(f"{r['run']:<10} {'' if a2 is None else f'{a2:.4f}':>13} {'' if a1 is None else f'{a1:.4f}':>13} "
                      f"{tps[0]:>10.1f} {tps[-1]:>11.1f} {ratio:>12}")
         for line in (r["coverage"] or {}).get("verdicts", []) + (r["coverage"] or {}).get("counts", []):
-            if "moe-decode" in line or "norm" in line:
+            if any(op in line for op in ("moe-decode", "norm", "linear-hipblaslt")):
                 lines.append(f"           {line}")
     return "\n".join(lines)
 
@@ -180,7 +216,7 @@ def plot(results: list[dict], path: str) -> None:
     copy_bw = float(os.environ.get("COPY_CEILING_TB_S", "4.27")) * 1e12  # H200 (bench_moe_decode.py)
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.8), squeeze=False)
     for ax, res in zip(axes[0], results):
-        ok = [r for r in res["rows"] if not r["error"]]
+        ok = [r for r in res["rows"] if not r["error"] and "tokens_per_s" in r]
         batches = list(ok[0]["tokens_per_s"]) if ok else []
         for i, b in enumerate(batches):
             xs = [j + 0.4 * i for j in range(len(ok))]
@@ -191,7 +227,8 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_xticks([j + 0.2 for j in range(len(ok))], [r["run"] for r in ok])
         ax.set_yscale("log")
         ax.set_ylabel("generated tokens / s")
-        ax.set_title(f"{res['model']} (dummy weights), 2 x H200", fontsize=9)
+        gpus = max((r["tp"] for r in ok), default=1)
+        ax.set_title(f"{res['model']} ({res.get('weights', 'dummy')} weights), {gpus} x H200", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -206,8 +243,12 @@ def main() -> int:
     parser.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--ep", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--write-checkpoint", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     preset = PRESETS[args.preset]
+    if args.write_checkpoint:
+        write_random_checkpoint(args.write_checkpoint)
+        return 0
     if args.one:
         with open(os.path.join(args.one, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
@@ -219,13 +260,19 @@ def main() -> int:
     out_dir = args.out or results_dir(machine) + "x2"
     work = tempfile.mkdtemp(prefix="e2e-parallel-")
     results = []
-    for name in (args.models.split(",") if args.models else preset["models"]):
-        results.append(run_model(name, args.preset, preset, work))
-        print(render(results[-1]), flush=True)
+    name_of_file = "e2e_parallel" + ("" if args.preset == "h200x2" else f"_{args.preset}")
+
+    def save(current: dict) -> str:
         doc = {"benchmark": "e2e_parallel", "machine": machine, "preset": args.preset, "runs": RUNS,
-               "results": results}
-        path = write_json(out_dir, "e2e_parallel" + ("" if args.preset == "h200x2" else f"_{args.preset}"), doc)
-        plot(results, path.replace(".json", ".png"))  # after each model: a time-out keeps what finished
+               "preset_settings": {k: v for k, v in preset.items() if k != "shrink"}, "results": results + [current]}
+        path = write_json(out_dir, name_of_file, doc)
+        plot(results + [current], path.replace(".json", ".png"))
+        return path
+
+    for name in (args.models.split(",") if args.models else preset["models"]):
+        results.append(run_model(name, args.preset, preset, work, save))
+        print(render(results[-1]), flush=True)
+    path = save(results.pop())
     print(f"wrote {path} and the plot beside it")
     return 0
 
