@@ -112,7 +112,8 @@ def blaslt_routes(x, w, ref) -> tuple[float, float, str]:
     finally:
         torch.backends.cuda.preferred_blas_library(before)
     tunable = torch.cuda.tunable
-    tunable.write_file_on_exit(False)
+    if hasattr(tunable, "write_file_on_exit"):  # not in torch 2.11
+        tunable.write_file_on_exit(False)
     tunable.set_filename(os.path.join(os.environ.get("TMPDIR", "/tmp"), "infera_bench_tunableop.csv"))
     tunable.enable(True)
     tunable.tuning_enable(True)

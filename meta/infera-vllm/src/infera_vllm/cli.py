@@ -48,6 +48,9 @@ def _tune(op: str, args: list[str]) -> int:
     from infera_vllm import activation, discovery
 
     found = {f.name: f for f in discovery.discover()}
+    short = [name for name in found if name.split("-")[0] == op]  # `tune linear` for linear-hipblaslt
+    if op not in found and len(short) == 1:
+        op = short[0]
     if op not in found or found[op].spec is None:
         problem = found[op].problem if op in found else "no installed wheel provides it"
         print(f"infera-vllm tune: op {op!r}: {problem} (installed: {', '.join(sorted(found)) or 'none'})", file=sys.stderr)
