@@ -50,8 +50,7 @@ TINY_MOE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=32
                 vocab_size=512, max_window_layers=2)
 # label: (tensor parallel size, INFERA_VLLM_OPS or None for the plugin off ("": the default ops), expert parallel)
 RUNS = {"tp1-off": (1, None, False), "tp2-off": (2, None, False), "tp2-on": (2, "", False),
-        "ep2-on": (2, "", True), "tp1-linear": (1, "linear-hipblaslt", False), "tp1-norm": (1, "norm", False),
-        "tp1-norm-min512": (1, "norm", False, {"INFERA_NORM_MIN_HIDDEN": "512"})}  # optional 4th: extra env
+        "ep2-on": (2, "", True), "tp1-linear": (1, "linear-hipblaslt", False), "tp1-norm": (1, "norm", False)}
 H200 = dict(prompts=8, prompt_tokens=256, batches=(1, 16), max_tokens=128, repeats=3, weights="dummy", shrink={},
             llm=dict(gpu_memory_utilization=0.85, max_model_len=1024, max_num_seqs=16))
 PRESETS = {
@@ -60,8 +59,8 @@ PRESETS = {
     "h200x2-random": dict(H200, models=("qwen3-8b",), weights="random", runs=("tp1-off", "tp2-off", "tp2-on")),
     # one GPU: the opt-in linear op alone against the plugin off (its table from `infera-vllm tune linear`)
     "h200-linear": dict(H200, models=("llama-3-8b",), batches=(1, 8), repeats=5, runs=("tp1-off", "tp1-linear")),
-    # one GPU: infera-norm alone on Qwen3 (per-head q/k norms), and with the head-sized rows handed over
-    "h200-norm-qwen3": dict(H200, models=("qwen3-8b",), weights="random", runs=("tp1-off", "tp1-norm", "tp1-norm-min512")),
+    # one GPU: infera-norm alone on Qwen3 (whose per-head q/k norms are RMSNorm layers too)
+    "h200-norm-qwen3": dict(H200, models=("qwen3-8b",), weights="random", runs=("tp1-off", "tp1-norm")),
     "tiny": dict(models=("qwen3-30b-a3b",), shrink={"qwen3-30b-a3b": TINY_MOE}, prompts=2, prompt_tokens=24,
                  batches=(1, 4), max_tokens=4, repeats=1, runs=("tp1-off", "tp2-off", "tp2-on"), weights="random",
                  llm=dict(gpu_memory_utilization=0.2, max_model_len=256, max_num_seqs=4, enforce_eager=True)),
@@ -153,10 +152,9 @@ def run_model(name: str, preset_name: str, preset: dict, work: str, save) -> dic
     labels = [lb for lb in preset.get("runs", RUNS) if is_moe or not RUNS[lb][2]]
     runs = {}
     for label in labels:
-        tp, ops, ep = RUNS[label][:3]
+        tp, ops, ep = RUNS[label]
         report_dir = os.path.join(work, f"report-{name}-{label}")
         env = {"INFERA_VLLM_OPS_DISABLE": "1"} if ops is None else {"INFERA_VLLM_OPS": ops} if ops else {}
-        env.update(RUNS[label][3] if len(RUNS[label]) > 3 else {})
         if tp > 1 and os.environ.get("INFERA_PARALLEL_CPU_BIND"):  # CPU build: one core per rank
             env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["INFERA_PARALLEL_CPU_BIND"]
         res = _spawn(["--one", model, "--preset", preset_name, "--tp", str(tp)] + (["--ep"] if ep else []),
@@ -172,7 +170,7 @@ def run_model(name: str, preset_name: str, preset: dict, work: str, save) -> dic
 def _rows(runs: dict) -> list[dict]:
     rows = []
     for label, res in runs.items():
-        tp, ops, ep = RUNS[label][:3]
+        tp, ops, ep = RUNS[label]
         row = {"run": label, "tp": tp, "plugin": ops is not None, "ops": ops, "expert_parallel": ep,
                "error": res.get("error"), "coverage": res["coverage"]}
         if "top1" in res:
@@ -182,7 +180,7 @@ def _rows(runs: dict) -> list[dict]:
             row["tokens_per_s"] = {b: _median(v) for b, v in res["tokens_per_s_all"].items()}
             row["tokens_per_s_all"] = res["tokens_per_s_all"]
             # plugin off at the same TP size and expert-parallel setting (none for ep2-on: no ep2-off run)
-            base = next((runs[lb] for lb, (tp_b, ops_b, ep_b, *_) in RUNS.items() if lb in runs and ops_b is None
+            base = next((runs[lb] for lb, (tp_b, ops_b, ep_b) in RUNS.items() if lb in runs and ops_b is None
                          and (tp_b, ep_b) == (tp, ep)), {})
             if ops is not None and "tokens_per_s_all" in base:
                 row["ratio_vs_off_same_tp"] = {b: row["tokens_per_s"][b] / _median(base["tokens_per_s_all"][b])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the two-GPU machine after the vLLM 0.26.0 staging, two independent single-GPU jobs side by side:
 # GPU 0: `infera-vllm tune linear` on the Llama-3-8B-shaped config (h200_linear.sh TUNE=1);
-# GPU 1: Qwen3-8B-shaped random checkpoint, plugin off vs infera-norm vs infera-norm with rows < 512 handed over
+# GPU 1: Qwen3-8B-shaped random checkpoint, plugin off vs infera-norm
 # (e2e_parallel.py --preset h200-norm-qwen3). The e2e ratios compare runs made under the same neighbour.
 set -uo pipefail
 mkdir -p "$OUT/norm-qwen3"

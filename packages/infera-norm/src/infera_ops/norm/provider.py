@@ -44,17 +44,7 @@ PROVIDER = "infera"
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
 EAGER_NEVER = 1 << 62  # default: eager calls always go to vLLM's next provider (launch cost, see above)
-HANDOVERS = ("eager-launch-cost", "vllm-c-faster", "small-hidden")  # by design, not capability limits
-
-
-def min_hidden() -> int:
-    """``INFERA_NORM_MIN_HIDDEN=N``: rows narrower than N go to vLLM's next provider (``small-hidden``), e.g.
-    Qwen3's per-head q/k norms (H = head_dim), which Inductor fuses with their neighbours when vLLM's
-    native provider serves them. Unset: 0 (all served)."""
-    raw = os.environ.get("INFERA_NORM_MIN_HIDDEN", "").strip()
-    if raw and not raw.isdigit():
-        raise ValueError(f"INFERA_NORM_MIN_HIDDEN={raw!r}: expected a hidden size >= 0")
-    return int(raw or 0)
+HANDOVERS = ("eager-launch-cost", "vllm-c-faster")  # by design, not capability limits
 
 
 def eager_min_tokens() -> int:
@@ -135,7 +125,7 @@ def _flat_rows(t: Tensor) -> bool:
 
 
 def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual: Optional[Tensor] = None,
-                   allow_cpu: bool = False, eager_min_tokens: int = 0, min_hidden: int = 0) -> Optional[str]:
+                   allow_cpu: bool = False, eager_min_tokens: int = 0) -> Optional[str]:
     """Why the kernel should not take this call (a reason code), or None. Reads no symbolic size."""
     if variance_size is not None:
         return "variance-size"
@@ -147,8 +137,6 @@ def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual:
         return "hidden-size"
     if x.stride(-1) != 1:
         return "stride"
-    if x.shape[-1] < min_hidden:
-        return "small-hidden"
     if residual is not None:
         # in place: both must be writable through a [M, H] view of themselves
         if residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1:
@@ -185,19 +173,16 @@ def install(op_name: str, allow_cpu: bool) -> None:
     # On the CPU (interpreter, validation only) neither hand-over applies: launch cost is not the question
     # there, and the tests must reach the kernel.
     eager_min = 0 if allow_cpu else eager_min_tokens()
-    narrow = min_hidden()
     _handover["count"] = count
     _handover["vllm_c"] = None if allow_cpu else _vllm_c_fused_add()
 
     def rms_supports(x, weight, epsilon, variance_size=None):
-        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu, eager_min_tokens=eager_min,
-                                min_hidden=narrow)
+        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu, eager_min_tokens=eager_min)
         count(reason, x)
         return reason is None
 
     def fused_supports(x, x_residual, weight, epsilon, variance_size=None):
-        reason = decline_reason(x, weight, variance_size, x_residual, allow_cpu=allow_cpu, eager_min_tokens=eager_min,
-                                min_hidden=narrow)
+        reason = decline_reason(x, weight, variance_size, x_residual, allow_cpu=allow_cpu, eager_min_tokens=eager_min)
         count(reason, x)
         return reason is None
 
