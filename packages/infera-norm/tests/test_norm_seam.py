@@ -83,11 +83,10 @@ def test_small_eager_calls_go_to_vllm_c_on_gpus(tmp_path):
 
 
 def test_default_priority_is_kept_unless_measured(tmp_path):
-    """Not named: first only on the families where it was measured (sm90); vLLM's default elsewhere."""
+    """Not named: vLLM's default priority on every family (no family is in FIRST_BY_DEFAULT: Qwen3-8B lost
+    end to end on the H200), so installing the wheel alone changes nothing that serves."""
     res, _ = _run(tmp_path)
-    measured = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-    expected = "first in the default IR priority (measured on sm90)" if measured else "default priority unchanged"
-    assert res["ops"]["norm"][0] == "active" and expected in res["ops"]["norm"][2], res["ops"]["norm"]
+    assert res["ops"]["norm"][0] == "active" and "default priority unchanged" in res["ops"]["norm"][2], res["ops"]["norm"]
     if res["priority"] is not None:
         assert "infera" not in res["priority"]
 

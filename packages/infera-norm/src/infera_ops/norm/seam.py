@@ -1,18 +1,19 @@
 """Installs infera-norm: the ``infera`` provider of vLLM's IR ``rms_norm`` / ``fused_add_rms_norm``.
 
 Registered whenever the checks pass, so ``--ir-op-priority '{"rms_norm": ["infera"], ...}'`` can pick it.
-It goes first in vLLM's default priority on the GPU families where that was measured not to lose
-(``FIRST_BY_DEFAULT``: sm90, H200 with vLLM 0.26, docs/operators/norm.md), or anywhere the user names the
-op in ``INFERA_VLLM_OPS``; a user's own ``--ir-op-priority`` still wins (vLLM puts it before the defaults).
+It goes first in vLLM's default priority on the GPU families where that was measured not to lose end to
+end (``FIRST_BY_DEFAULT``, empty today: docs/operators/norm.md), or anywhere the user names the op in
+``INFERA_VLLM_OPS``; a user's own ``--ir-op-priority`` still wins (vLLM puts it before the defaults).
 """
 
 import os
 
 from infera_vllm.spec import Decline
 
-# Families where infera goes first without being named: kernels >= vllm_c under CUDA graphs at every
-# measured shape (hand-overs included) and SmolLM2 end to end not slower (H200, vLLM 0.26).
-FIRST_BY_DEFAULT = ("sm90",)
+# Families where infera goes first without being named. Not sm90: the kernels beat vllm_c under CUDA graphs
+# and SmolLM2 end to end was 1.000x, but a Qwen3-8B-shaped model lost 3-8% end to end (H200, vLLM 0.26,
+# benchmarks/results/h200/norm-qwen3/), so on sm90 the op must be named to go first.
+FIRST_BY_DEFAULT: tuple[str, ...] = ()
 
 
 def check(ctx) -> Decline | None:
