@@ -39,9 +39,15 @@ PRESETS = {
                                repeats=3, llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048,
                                                           dtype="bfloat16"),
                                runs=("off", "off-vllm-c", "on-norm")),
+    # issue #4's end-to-end question: infera-attn-paged (--attention-backend CUSTOM) vs FLASH_ATTN and TRITON_ATTN
+    "h200-attn": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
+                      llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
+                      runs=("off", "on-attn", "off-triton")),
 }
 # per-run environment and LLM arguments beyond plugin on/off
-RUN_ENV = {"on-norm": {"INFERA_VLLM_OPS": "norm"}}
+RUN_ENV = {"on-norm": {"INFERA_VLLM_OPS": "norm"}, "on-attn": {"INFERA_VLLM_OPS": "attn-paged"}}
+# attention backend per run on GPUs (default FLASH_ATTN, vLLM's choice on the H200)
+RUN_BACKEND = {"off-triton": "TRITON_ATTN", "on-attn": "CUSTOM"}
 RUN_KWARGS = {"off-vllm-c": {"ir_op_priority": {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}}}
 
 
@@ -50,7 +56,7 @@ def configs(preset: dict, model: str) -> list[harness.RunConfig]:
     for label in preset["runs"]:
         kwargs = {**preset["llm_kwargs"], **RUN_KWARGS.get(label, {})}
         if preset is not PRESETS["cpu"]:
-            kwargs["attention_config"] = {"backend": "TRITON_ATTN" if label == "off-triton" else "FLASH_ATTN"}
+            kwargs["attention_config"] = {"backend": RUN_BACKEND.get(label, "FLASH_ATTN")}
         out.append(harness.RunConfig(label=label, plugin=label.startswith("on"), model=model, llm_kwargs=kwargs,
                                      env=dict(RUN_ENV.get(label, {})),
                                      agreement_prompts=preset["agreement_prompts"],

@@ -1,0 +1,112 @@
+"""The vLLM side of infera-attn-paged: an attention backend that is vLLM's Triton backend (same KV-cache
+layout, same KV writes, same metadata) whose ``forward`` runs the split-KV decode kernel (ops.py) on pure
+decode batches and hands every other batch to the parent, so a call it cannot serve runs exactly what
+``TRITON_ATTN`` would have run. Every decision is counted (guard.py has the reasons).
+
+Registered in the ``CUSTOM`` slot (seam.py), selected with ``--attention-backend CUSTOM``. Imported only once
+the plugin's checks passed (it imports torch and vLLM).
+
+KV layout across versions: 0.24 hands ``kv_cache`` as ``(num_blocks, 2, block_size, Hkv, D)``; 0.26 and 0.32
+as ``(num_blocks, Hkv, block_size, 2·D)`` (K and V packed along the last dim). Both become the kernel's
+``[num_blocks, block_size, Hkv, D]`` views without a copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, TritonAttentionImpl,
+                                                    TritonAttentionMetadataBuilder)
+
+from infera_ops.attn_paged import guard, ops
+from infera_vllm import coverage
+
+OP_NAME = "attn-paged"
+_count = coverage.CallCounts(OP_NAME, guard.HANDOVERS)
+
+
+def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and value caches as ``[num_blocks, block_size, Hkv, D]`` views of vLLM's KV tensor."""
+    if kv_cache.dim() == 5:  # 0.24: (num_blocks, 2, block_size, Hkv, D)
+        return kv_cache.unbind(1)
+    return kv_cache.transpose(1, 2).split(head_size, dim=-1)
+
+
+def workspace_for(max_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, device) -> ops.Workspace:
+    """The decode workspace for every batch size up to ``max_seqs``: slices shrink as the batch grows, so
+    the largest batch x slices product over that range bounds it (a few MiB, not max_seqs x MAX_SPLITS)."""
+    rows = max(b * ops.choose_num_splits(b, num_kv_heads, device) for b in range(1, max_seqs + 1))
+    return ops.Workspace(rows, num_heads, head_size, device, max_splits=ops.MAX_SPLITS)
+
+
+class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
+    """Triton's builder plus the decode kernel's slice count and workspace, both fixed per batch size, so a
+    full CUDA graph captured at one batch size replays with any context length."""
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        max_seqs = vllm_config.scheduler_config.max_num_seqs
+        self.infera_workspace = workspace_for(max_seqs, self.num_heads_q, self.num_heads_kv, self.headdim, device)
+        self._infera_splits = [0] + [ops.choose_num_splits(b, self.num_heads_kv, device)
+                                     for b in range(1, max_seqs + 1)]
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
+        md = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        num_seqs = common_attn_metadata.num_reqs
+        md.infera_num_splits = (self._infera_splits[num_seqs] if num_seqs < len(self._infera_splits)
+                                else ops.choose_num_splits(num_seqs, self.num_heads_kv, self.device))
+        md.infera_workspace = self.infera_workspace
+        return md
+
+
+class InferaAttentionImpl(TritonAttentionImpl):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._infera_layer_decline = guard.layer_decline(self.attn_type, self.head_size, self.kv_cache_dtype,
+                                                         self.alibi_slopes, self.use_alibi_sqrt, self.chunk_lookback)
+        self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
+        self._infera_softcap = float(self.logits_soft_cap or 0.0)
+        if self._infera_layer_decline is not None:
+            _count(self._infera_layer_decline, None, "plan")
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+                output_block_scale=None):
+        if attn_metadata is None:  # profiling run: the parent zero-fills
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                                   output_block_scale)
+        seq_lens = attn_metadata.seq_lens
+        num_seqs = seq_lens.shape[0]
+        reason = self._infera_layer_decline
+        if reason is None:
+            extras = (getattr(attn_metadata, "mm_prefix_range_tensor", None) is not None
+                      or getattr(attn_metadata, "rswa_prefix_lens", None) is not None)
+            reason = guard.batch_decline(query, attn_metadata.max_query_len, attn_metadata.num_actual_tokens,
+                                         num_seqs, extras, output_scale is not None or output_block_scale is not None)
+            workspace = getattr(attn_metadata, "infera_workspace", None)
+            splits = getattr(attn_metadata, "infera_num_splits", 1)
+            if reason is None and splits > 1 and (workspace is None or not workspace.fits(
+                    num_seqs, self.num_heads, self.head_size, splits)):
+                reason = "workspace"
+            capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
+            _count(reason, num_seqs, "plan" if capturing else "call")
+        if reason is not None:
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
+                                   output_block_scale)
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens, self.scale,
+                         output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
+                         softcap=self._infera_softcap, num_splits=splits, workspace=workspace)
+        return output
+
+
+class InferaAttentionBackend(TritonAttentionBackend):
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"  # the registry slot it fills; vLLM maps the layer's backend by this name
+
+    @staticmethod
+    def get_impl_cls() -> type[InferaAttentionImpl]:
+        return InferaAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[InferaAttentionMetadataBuilder]:
+        return InferaAttentionMetadataBuilder

@@ -1,0 +1,47 @@
+"""Which attention calls the decode kernel takes: plain checks on the layer (once, at construction) and on
+each batch's metadata; a reason code for everything it does not take, served by vLLM's Triton attention.
+
+Imports torch only (no vLLM), so the decisions are unit-testable apart from the backend.
+"""
+
+import torch
+
+from infera_ops.attn_paged.ops import HEAD_SIZES
+
+DTYPES = (torch.bfloat16, torch.float16)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+# By design, not capability limits: coverage route "handover" (none yet: every decline below is a
+# capability the kernels lack, counted as a fallback, and INFERA_VLLM_STRICT=1 refuses it).
+HANDOVERS: tuple[str, ...] = ()
+
+
+def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,
+                  chunk_lookback: int) -> str | None:
+    """None when the layer's attention can run on the kernel, else a reason code (decided once per layer)."""
+    if str(getattr(attn_type, "value", attn_type)).lower() != "decoder":
+        return "attn-type"  # encoder, encoder-only (non-causal) and cross attention
+    if alibi_slopes is not None or use_alibi_sqrt:
+        return "alibi"
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        return "kv-cache-dtype"  # fp8 / int8 / int4 KV caches
+    if head_size not in HEAD_SIZES:
+        return "head-size"
+    if chunk_lookback != -1:
+        return "chunked-local"
+    return None
+
+
+def batch_decline(query: torch.Tensor, max_query_len: int, num_actual_tokens: int, num_seqs: int,
+                  extras_present: bool, quantized_output: bool) -> str | None:
+    """None when this batch is pure decode the kernel serves, else a reason code (decided per batch)."""
+    if quantized_output:
+        return "output-quant"
+    if query.dtype not in DTYPES:
+        return "dtype"
+    if max_query_len != 1:
+        return "prefill"  # prefill and mixed batches: vLLM's Triton kernel until the prefill kernel lands
+    if extras_present:
+        return "mm-prefix-or-rswa"  # multimodal bidirectional prefixes, RSWA prefix lengths
+    if num_actual_tokens < num_seqs:
+        return "layout"  # decode means one token per (padded) sequence
+    return None

@@ -1,0 +1,177 @@
+"""Split-KV (flash-decoding) attention over vLLM's paged KV cache: one query token per sequence.
+
+For sequence b, KV head h and the G = Hq / Hkv query heads q_g that share it (grouped-query attention), with
+the keys and values of positions n in [lo_b, L_b) gathered through the block table:
+
+    s_gn   = scale · q_g · k_n                      (then cap · tanh(s / cap) when a logits soft-cap is set)
+    o_g    = sum_n exp(s_gn - m_g) v_n / (sum_n exp(s_gn - m_g) + exp(sink_g - m_g))
+
+where L_b = seq_lens[b], lo_b = max(0, L_b - 1 - window_left) under a sliding window (else 0), m_g the running
+maximum, and the sink term present only for models with attention sinks (gpt-oss: one learned logit per
+query head that takes probability mass but carries no value).
+
+Work split (``_paged_decode_kernel``, grid = (B, Hkv, S)): program (b, h, s) takes the s-th of S equal,
+BLOCK_N-aligned slices of [lo_b, L_b), loads the G query rows once and walks its slice in tiles of BLOCK_N
+positions, each K/V tile read once for all G heads (a [BLOCK_G, D] x [D, BLOCK_N] tensor-core product), with
+the online softmax in fp32 and exp2. S is chosen on the host from B and Hkv only (ops.choose_num_splits), so
+a CUDA graph captured for a batch size serves every context length: slices are sized on the device from
+L_b, and programs whose slice is empty only mark it empty.
+
+With S > 1 (``SPLIT``) each program writes its normalised partial output and log2-sum-exp in fp32, and
+``_paged_decode_reduce_kernel`` (grid = (B, Hq)) merges the S slices, adding the sink to the denominator.
+With S = 1 the first kernel normalises and writes the output itself (one launch, no fp32 round trip).
+"""
+
+import triton
+import triton.language as tl
+
+from infera_vllm.triton_dot import dot as _dot
+
+
+@triton.jit
+def _softcap(s, cap):
+    """cap · tanh(s / cap), with tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflow -> 1)."""
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * s / cap) + 1.0))
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,  # [B, Hq, D], unit stride along D
+    q_seq_stride,
+    q_head_stride,
+    k_ptr,  # [num_blocks, PAGE, Hkv, D] key cache view (any strides but D's)
+    k_block_stride,
+    k_pos_stride,
+    k_head_stride,
+    v_ptr,  # same shape as k, own strides (vLLM's are split views of one tensor)
+    v_block_stride,
+    v_pos_stride,
+    v_head_stride,
+    block_table_ptr,  # [B, max_pages] int32 physical block of each page
+    block_table_stride,
+    seq_lens_ptr,  # [B] int32 keys per sequence (the query is the last one)
+    sinks_ptr,  # [Hq] fp32 logits, read only when HAS_SINKS
+    out_ptr,  # [B, Hq, D] written when not SPLIT
+    out_seq_stride,
+    out_head_stride,
+    part_out_ptr,  # [B, Hq, S, D] fp32 contiguous, written when SPLIT
+    part_lse_ptr,  # [B, Hq, S] fp32 log2-sum-exp of each slice (-inf: empty slice)
+    scale,  # softmax scale (natural units)
+    softcap,  # logits soft-cap; read only when HAS_SOFTCAP
+    window_left,  # keys at most this far behind the query; read only when HAS_WINDOW
+    G: tl.constexpr,  # query heads per KV head
+    BLOCK_G: tl.constexpr,  # >= G and >= 16 (tl.dot's smallest M)
+    D: tl.constexpr,  # head size
+    BLOCK_D: tl.constexpr,  # next power of two >= D (80, 96 are masked)
+    PAGE: tl.constexpr,  # KV-cache block size (tokens per page)
+    BLOCK_N: tl.constexpr,  # key positions per tile
+    SPLIT: tl.constexpr,  # S > 1: write partials for the reduce kernel, else the output
+    HAS_SINKS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    S = tl.num_programs(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    start = 0
+    if HAS_WINDOW:
+        start = tl.maximum(seq_len - 1 - window_left, 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, S), BLOCK_N) * BLOCK_N
+    lo = start + s * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_ok = g < G
+    d_ok = d < D
+    heads = h * G + g
+    q = tl.load(q_ptr + b * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    qk_scale = scale * 1.4426950408889634  # exp2 domain (when soft-capped, applied after the cap)
+    if HAS_SOFTCAP:
+        qk_scale = scale
+    bt_row = block_table_ptr + b * block_table_stride
+    k_head = k_ptr + h.to(tl.int64) * k_head_stride
+    v_head = v_ptr + h.to(tl.int64) * v_head_stride
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        pos = (n % PAGE).to(tl.int64)
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_head + blk[:, None] * k_block_stride + pos[:, None] * k_pos_stride + d[None, :],
+                    mask=kv_ok, other=0.0)
+        qk = _dot(q, tl.trans(k), tl.zeros([BLOCK_G, BLOCK_N], tl.float32), FP32_DOT) * qk_scale
+        if HAS_SOFTCAP:
+            qk = _softcap(qk, softcap) * 1.4426950408889634
+        qk = tl.where(n_ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :],
+                    mask=kv_ok, other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+        m = m_new
+
+    if SPLIT:
+        # empty slice: l = 0, lse = -inf, and the reduce gives it weight 0 without reading its output
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        row = (b * (tl.num_programs(1) * G) + heads) * S + s
+        tl.store(part_lse_ptr + row, lse, mask=g_ok)
+        tl.store(part_out_ptr + row[:, None] * D + d[None, :], acc / tl.where(l > 0, l, 1.0)[:, None],
+                 mask=g_ok[:, None] & d_ok[None, :] & (l > 0)[:, None])
+    else:
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=g_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+            m_all = tl.maximum(m, sink)
+            acc = acc * tl.exp2(m - m_all)[:, None]
+            l = l * tl.exp2(m - m_all) + tl.exp2(sink - m_all)
+        o = acc / tl.where(l > 0, l, 1.0)[:, None]  # a sequence with no keys (padding) gets zeros
+        tl.store(out_ptr + b * out_seq_stride + heads[:, None] * out_head_stride + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _paged_decode_reduce_kernel(
+    part_out_ptr,  # [B, Hq, S, D] fp32
+    part_lse_ptr,  # [B, Hq, S] fp32 (log2 units)
+    sinks_ptr,  # [Hq] fp32, read only when HAS_SINKS
+    out_ptr,  # [B, Hq, D]
+    out_seq_stride,
+    out_head_stride,
+    S,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # next power of two >= S
+    HAS_SINKS: tl.constexpr,
+):
+    """o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over slices and sink."""
+    b = tl.program_id(0).to(tl.int64)
+    hq = tl.program_id(1)
+    row = b * tl.num_programs(1) + hq
+    sl = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < S, other=float("-inf"))
+    big = tl.max(lse, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
+        big = tl.maximum(big, sink)
+    big = tl.where(big == float("-inf"), 0.0, big)
+    w = tl.exp2(lse - big)
+    live = lse > float("-inf")
+    o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :], mask=live[:, None] & (d < D)[None, :],
+                other=0.0)
+    denom = tl.sum(w, axis=0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - big)
+    o = tl.sum(o * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d < D)

@@ -1,0 +1,115 @@
+"""Launcher of the paged decode kernels (kernels.py): split choice, launch sizes, the fp32 workspace.
+
+Capture-safe: no host synchronisation, no allocation when a :class:`Workspace` is passed (vLLM's metadata
+builder owns one per device), grid sizes from shapes and the batch size only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel
+from infera_vllm import triton_dot
+
+HEAD_SIZES = (64, 80, 96, 128, 256)
+MAX_SPLITS = 64
+# Programs to aim for: two per SM keep every SM busy with one program waiting on memory while the other
+# computes (H200: 132 SMs). On the CPU (interpreter) any figure works; 16 exercises the split path.
+PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int = 64  # key positions per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def launch_config(head_size: int) -> LaunchConfig:
+    # head size 256: a [64, 256] K tile plus V in flight exceeds the register budget of 4 warps; halve the tile
+    if head_size > 128:
+        return LaunchConfig(block_n=32, num_warps=4, num_stages=2)
+    return LaunchConfig()
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device, max_splits: int = MAX_SPLITS) -> int:
+    """Slices per sequence so that batch x KV heads x slices fills the GPU; a power of two in [1, max_splits].
+
+    Depends on the batch size and head count only, never on context lengths: a CUDA graph captured for one
+    batch size replays with any lengths (each slice is sized on the device from the sequence's length)."""
+    programs = batch * num_kv_heads
+    want = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), programs)
+    return max(1, min(max_splits, triton.next_power_of_2(want) if want > 1 else 1))
+
+
+class Workspace:
+    """fp32 partial outputs and log-sum-exps for up to ``max_batch`` sequences, reused by every layer."""
+
+    def __init__(self, max_batch: int, num_heads: int, head_size: int, device, max_splits: int = MAX_SPLITS):
+        self.max_batch, self.num_heads, self.head_size, self.max_splits = max_batch, num_heads, head_size, max_splits
+        self.out = torch.empty(max_batch * num_heads * max_splits * head_size, dtype=torch.float32, device=device)
+        self.lse = torch.empty(max_batch * num_heads * max_splits, dtype=torch.float32, device=device)
+
+    def fits(self, batch: int, num_heads: int, head_size: int, splits: int) -> bool:
+        return batch * num_heads * splits * head_size <= self.out.numel() and splits <= self.max_splits
+
+
+def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
+                 sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
+                 num_splits: int | None = None, workspace: Workspace | None = None,
+                 config: LaunchConfig | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged keys and values (see kernels.py).
+
+    q ``[B, Hq, D]``; key_cache / value_cache ``[num_blocks, block_size, Hkv, D]`` (vLLM's views; unit stride
+    along D); block_table ``[B, pages]`` and seq_lens ``[B]`` int32; sinks ``[Hq]`` logits or None;
+    window_left >= 0 keeps keys at most that far behind the query (vLLM's ``sliding_window - 1``), -1 all;
+    softcap > 0 caps the logits. Writes and returns ``out`` ``[B, Hq, D]``.
+    """
+    B, Hq, D = q.shape
+    _, page, Hkv, Dk = key_cache.shape
+    if Dk != D or value_cache.shape != key_cache.shape or Hq % Hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match the caches {tuple(key_cache.shape)}")
+    if q.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("q and the caches need unit stride along the head dimension")
+    if out is None:
+        out = torch.empty_like(q)
+    if B == 0:
+        return out
+    cfg = config or launch_config(D)
+    splits = num_splits or choose_num_splits(B, Hkv, q.device)
+    G = Hq // Hkv
+    common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
+                  PAGE=page, BLOCK_N=cfg.block_n, HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0,
+                  HAS_WINDOW=window_left >= 0, FP32_DOT=triton_dot.fp32_dot())
+    if splits > 1:
+        if workspace is None:
+            workspace = Workspace(B, Hq, D, q.device, max_splits=splits)
+        if not workspace.fits(B, Hq, D, splits):
+            raise ValueError(f"workspace too small for batch {B} x {Hq} heads x {splits} splits")
+        part_out, part_lse = workspace.out, workspace.lse
+    else:
+        part_out = part_lse = out  # not read: SPLIT is off
+    _paged_decode_kernel[(B, Hkv, splits)](
+        q, q.stride(0), q.stride(1),
+        key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_table, block_table.stride(0), seq_lens, sinks if sinks is not None else q,
+        out, out.stride(0), out.stride(1), part_out, part_lse,
+        float(scale), float(softcap), int(window_left),
+        SPLIT=splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+    if splits > 1:
+        _paged_decode_reduce_kernel[(B, Hq)](
+            part_out, part_lse, sinks if sinks is not None else q, out, out.stride(0), out.stride(1), splits,
+            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=triton.next_power_of_2(splits),
+            HAS_SINKS=sinks is not None, num_warps=4)
+    return out

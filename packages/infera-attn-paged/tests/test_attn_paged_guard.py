@@ -1,0 +1,47 @@
+"""The guard's decisions: which layers and batches the decode kernel takes, and the reason for the rest."""
+
+import torch
+
+from infera_ops.attn_paged import guard
+
+LAYER_OK = dict(attn_type="decoder", head_size=128, kv_cache_dtype="auto", alibi_slopes=None, use_alibi_sqrt=False,
+                chunk_lookback=-1)
+
+
+def layer(**kw):
+    return guard.layer_decline(**{**LAYER_OK, **kw})
+
+
+def test_layers_served():
+    assert layer() is None
+    for hs in (64, 80, 96, 128, 256):
+        assert layer(head_size=hs) is None
+    assert layer(kv_cache_dtype="bfloat16") is None and layer(attn_type="DECODER") is None
+
+
+def test_layers_declined_with_reasons():
+    assert layer(attn_type="encoder_only") == "attn-type"
+    assert layer(attn_type="encoder") == "attn-type"
+    assert layer(attn_type="encoder_decoder") == "attn-type"
+    assert layer(alibi_slopes=torch.ones(4)) == "alibi"
+    assert layer(use_alibi_sqrt=True) == "alibi"
+    assert layer(kv_cache_dtype="fp8") == "kv-cache-dtype"
+    assert layer(kv_cache_dtype="int8_per_token_head") == "kv-cache-dtype"
+    for hs in (32, 112, 192, 512):
+        assert layer(head_size=hs) == "head-size"
+    assert layer(chunk_lookback=8192) == "chunked-local"
+
+
+def batch(q=None, **kw):
+    args = dict(max_query_len=1, num_actual_tokens=4, num_seqs=4, extras_present=False, quantized_output=False)
+    return guard.batch_decline(torch.empty(4, 8, 64, dtype=torch.bfloat16) if q is None else q, **{**args, **kw})
+
+
+def test_batches():
+    assert batch() is None
+    assert batch(torch.empty(4, 8, 64, dtype=torch.float16)) is None
+    assert batch(torch.empty(4, 8, 64, dtype=torch.float32)) == "dtype"
+    assert batch(max_query_len=5) == "prefill"
+    assert batch(extras_present=True) == "mm-prefix-or-rswa"
+    assert batch(quantized_output=True) == "output-quant"
+    assert batch(num_actual_tokens=3) == "layout"

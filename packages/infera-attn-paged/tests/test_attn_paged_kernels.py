@@ -1,0 +1,125 @@
+"""The split-KV decode kernel against the fp32 torch reference (reference.py), under Triton's interpreter on
+the CPU and for real on GPUs: random paged caches laid out as vLLM 0.26/0.32 hand them over (K and V packed
+along the last dim, NHD physical order), random block tables, ragged lengths, poisoned outputs."""
+
+import os
+
+import pytest
+import torch
+
+from infera_ops.attn_paged import ops
+from infera_ops.attn_paged.reference import paged_decode_reference
+
+pytestmark = pytest.mark.interpret
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def paged_case(B, Hq, Hkv, D, page, lens, dtype=torch.bfloat16, spare_blocks=5):
+    """q, key/value cache views, block table and lengths for one decode batch (pages scattered at random)."""
+    pages = max(1, -(-max(lens) // page))
+    nblocks = B * pages + spare_blocks
+    kv = torch.randn(nblocks, page, Hkv, 2 * D, dtype=dtype, device=DEV).permute(0, 2, 1, 3)  # logical (B, H, N, 2D)
+    k, v = kv.transpose(1, 2).split(D, dim=-1)
+    bt = torch.randperm(nblocks, device=DEV)[: B * pages].view(B, pages).to(torch.int32)
+    q = torch.randn(B, Hq, D, dtype=dtype, device=DEV)
+    return q, k, v, bt, torch.tensor(lens, dtype=torch.int32, device=DEV)
+
+
+def check(q, k, v, bt, lens, *, sinks=None, window_left=-1, softcap=0.0, num_splits=None, workspace=None):
+    out = torch.full_like(q, float("nan"))  # poisoned: an element the kernel does not write fails
+    scale = q.shape[-1] ** -0.5
+    ops.paged_decode(q, k, v, bt, lens, scale, out, sinks=sinks, window_left=window_left, softcap=softcap,
+                     num_splits=num_splits, workspace=workspace)
+    ref = paged_decode_reference(q, k, v, bt, lens, scale, sinks=sinks, window_left=window_left, softcap=softcap)
+    assert not out.isnan().any(), "unwritten output elements"
+    err = (out.float() - ref).abs().max().item()
+    assert err < TOL[q.dtype], f"max abs error {err}"
+    return out
+
+
+@pytest.mark.parametrize("Hq,Hkv,D", [(8, 2, 64), (9, 3, 64), (4, 4, 80), (6, 1, 96), (8, 8, 128), (4, 2, 256)])
+@pytest.mark.parametrize("splits", [1, 3, 8])
+def test_head_shapes_and_splits(Hq, Hkv, D, splits):
+    lens = [37, 1, 130, 64]  # one key, tile boundaries, a length past several tiles
+    check(*paged_case(4, Hq, Hkv, D, 16, lens), num_splits=splits)
+
+
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_block_sizes_and_dtypes(page, dtype):
+    check(*paged_case(3, 8, 2, 64, page, [200, 17, 96], dtype=dtype))  # default split choice
+
+
+def test_more_splits_than_keys_and_empty_sequences():
+    # padded sequences (length 0, as vLLM pads a CUDA-graph batch) come out as zeros; splits with no keys
+    q, k, v, bt, lens = paged_case(4, 8, 2, 64, 16, [3, 0, 40, 0])
+    for splits in (1, 16):
+        out = check(q, k, v, bt, lens, num_splits=splits)
+        assert (out[1] == 0).all() and (out[3] == 0).all()
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_sinks(splits):
+    q, k, v, bt, lens = paged_case(3, 8, 2, 64, 16, [90, 5, 33])
+    sinks = torch.randn(8, device=DEV) * 2
+    out = check(q, k, v, bt, lens, sinks=sinks, num_splits=splits)
+    plain = paged_decode_reference(q, k, v, bt, lens, 64 ** -0.5)
+    assert (out.float() - plain).abs().max() > 1e-2  # the sink changed the answer: the test can fail
+
+
+@pytest.mark.parametrize("splits", [1, 5])
+@pytest.mark.parametrize("window", [0, 7, 50, 1000])
+def test_sliding_window(window, splits):
+    check(*paged_case(3, 4, 2, 64, 16, [120, 9, 64]), window_left=window, num_splits=splits)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_softcap(splits):
+    q, k, v, bt, lens = paged_case(2, 4, 1, 128, 16, [75, 140])
+    check(q * 8, k, v, bt, lens, softcap=5.0, num_splits=splits)  # large logits so the cap bites
+
+
+def test_all_features_together_and_strided_query():
+    q, k, v, bt, lens = paged_case(3, 9, 3, 80, 32, [100, 61, 2])
+    wide = torch.randn(3, 12, 80, dtype=q.dtype, device=DEV)  # q as a head slice of a wider tensor
+    wide[:, 1:10] = q
+    check(wide[:, 1:10], k, v, bt, lens, sinks=torch.randn(9, device=DEV), window_left=40, softcap=20.0,
+          num_splits=4)
+
+
+def test_workspace_is_used_and_checked():
+    q, k, v, bt, lens = paged_case(2, 8, 2, 64, 16, [50, 70])
+    ws = ops.Workspace(2, 8, 64, DEV, max_splits=4)
+    check(q, k, v, bt, lens, num_splits=4, workspace=ws)
+    with pytest.raises(ValueError, match="workspace too small"):
+        ops.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
+
+
+def test_rows_past_the_batch_are_untouched():
+    q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [30, 44])
+    out = torch.full((3, 4, 64), 7.0, dtype=q.dtype, device=DEV)
+    ops.paged_decode(q, k, v, bt, lens, 0.125, out[:2], num_splits=2)
+    assert (out[2] == 7.0).all()
+
+
+def test_bad_shapes_raise():
+    q, k, v, bt, lens = paged_case(2, 6, 4, 64, 16, [5, 6])  # 6 query heads over 4 KV heads
+    with pytest.raises(ValueError, match="does not match"):
+        ops.paged_decode(q, k, v, bt, lens, 0.1)
+
+
+def test_split_choice_fills_the_gpu_and_ignores_lengths():
+    dev = torch.device(DEV)
+    assert ops.choose_num_splits(1, 8, dev) > ops.choose_num_splits(16, 8, dev) >= ops.choose_num_splits(256, 8, dev)
+    assert ops.choose_num_splits(256, 8, dev) == 1
+    for b in (1, 3, 64):
+        s = ops.choose_num_splits(b, 3, dev)
+        assert 1 <= s <= ops.MAX_SPLITS and s & (s - 1) == 0

@@ -1,0 +1,167 @@
+"""The backend inside the real vLLM (0.32 CPU build in CI, kernels under Triton's interpreter; 0.26 on the
+H200): the plugin registers it in the CUSTOM slot, vLLM resolves and validates it, and vLLM's own metadata
+builder and Attention-impl signature drive it: a decode batch built through the builder reaches the
+kernel, matches the fp32 reference and is counted; layers and batches it does not serve are counted with
+their reasons and left to vLLM's Triton implementation."""
+
+import inspect
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.interpret
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("the backend's kernels on the CPU need TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
+
+from vllm.plugins import load_general_plugins  # noqa: E402
+
+from infera_ops.attn_paged.reference import paged_decode_reference  # noqa: E402
+from infera_vllm import coverage  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+HQ, HKV, D, PAGE = 8, 2, 64, 16
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    from transformers import LlamaConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    # the plugin's register(), as vLLM calls it; only this op, so no other op's seam lands in this test process
+    saved = os.environ.get("INFERA_VLLM_OPS")
+    os.environ["INFERA_VLLM_OPS"] = "attn-paged"
+    try:
+        load_general_plugins()
+    finally:
+        os.environ.pop("INFERA_VLLM_OPS") if saved is None else os.environ.__setitem__("INFERA_VLLM_OPS", saved)
+    model = tmp_path_factory.mktemp("tiny-llama")
+    LlamaConfig(vocab_size=256, hidden_size=HQ * D, intermediate_size=256, num_hidden_layers=1,
+                num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D, max_position_embeddings=512,
+                ).save_pretrained(model)
+    return EngineArgs(model=str(model), skip_tokenizer_init=True, max_model_len=512, dtype="bfloat16",
+                      max_num_seqs=8, block_size=PAGE, attention_backend="CUSTOM").create_engine_config()
+
+
+def test_registered_in_the_custom_slot_and_valid(vllm_config):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from infera_ops.attn_paged.backend import InferaAttentionBackend
+
+    assert vllm_config.attention_config.backend == AttentionBackendEnum.CUSTOM
+    cls = AttentionBackendEnum.CUSTOM.get_class()
+    assert cls is InferaAttentionBackend and AttentionBackendEnum[cls.get_name()] is AttentionBackendEnum.CUSTOM
+    # vLLM's own validation, with whatever fields this version's selector passes
+    params = inspect.signature(cls.validate_configuration).parameters
+    args = dict(head_size=D, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=PAGE, use_mla=False,
+                has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
+                device_capability=None, attn_type="decoder")
+    if torch.cuda.is_available():
+        from vllm.platforms import current_platform
+        args["device_capability"] = current_platform.get_device_capability()
+    assert cls.validate_configuration(**{k: v for k, v in args.items() if k in params}) == []
+    assert cls.get_impl_cls().__name__ == "InferaAttentionImpl"
+
+
+def _impl(**kw):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    impl_cls = AttentionBackendEnum.CUSTOM.get_class().get_impl_cls()
+    # vLLM's positional order (Attention.__init__): num_heads, head_size, scale, num_kv_heads, alibi_slopes,
+    # sliding_window, kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **extra
+    args = dict(alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
+                attn_type="decoder", kv_sharing_target_layer_name=None)
+    args.update(kw)
+    return impl_cls(HQ, D, D ** -0.5, HKV, args.pop("alibi_slopes"), args.pop("sliding_window"),
+                    args.pop("kv_cache_dtype"), args.pop("logits_soft_cap"), args.pop("attn_type"),
+                    args.pop("kv_sharing_target_layer_name"), **args)
+
+
+def _decode_batch(vllm_config, lens, query_lens=None):
+    """vLLM's CommonAttentionMetadata for one step, through the backend's own metadata builder."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    query_lens = query_lens or [1] * len(lens)
+    B, pages = len(lens), -(-max(lens) // PAGE)
+    nblocks = B * pages + 3
+    kv_cache = torch.randn(nblocks, PAGE, HKV, 2 * D, dtype=torch.bfloat16, device=DEV).permute(0, 2, 1, 3)
+    block_table = torch.randperm(nblocks, device=DEV)[: B * pages].view(B, pages).to(torch.int32)
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    common = dict(query_start_loc=qsl.to(DEV), query_start_loc_cpu=qsl, seq_lens=torch.tensor(lens, dtype=torch.int32,
+                  device=DEV), num_reqs=B, num_actual_tokens=sum(query_lens), max_query_len=max(query_lens),
+                  max_seq_len=max(lens), block_table_tensor=block_table,
+                  slot_mapping=torch.zeros(sum(query_lens), dtype=torch.int64, device=DEV), causal=True)
+    fields = inspect.signature(CommonAttentionMetadata).parameters
+    spec = FullAttentionSpec(block_size=PAGE, num_kv_heads=HKV, head_size=D, dtype=torch.bfloat16)
+    builder_cls = AttentionBackendEnum.CUSTOM.get_class().get_builder_cls()
+    builder = builder_cls(spec, ["model.layers.0.self_attn.attn"], vllm_config, torch.device(DEV))
+    md = builder.build(0, CommonAttentionMetadata(**{k: v for k, v in common.items() if k in fields}))
+    return md, kv_cache, block_table
+
+
+def _counts():
+    return {(c["route"], c["reason"], c["bucket"], c["at"]): c["count"] for c in coverage.snapshot()["counts"]
+            if c["op"] == "attn-paged"}
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_decode_batch_reaches_the_kernel(vllm_config, sinks):
+    lens = [50, 1, 33, 100]
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens)
+    assert md.infera_num_splits >= 1 and md.infera_workspace is not None
+    sink = torch.randn(HQ, device=DEV) if sinks else None
+    impl = _impl(sinks=sink)
+    q = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    before = _counts().get(("kernel", "", "3-4", "call"), 0)
+    impl.forward(None, q, None, None, kv_cache, md, out)  # the decode path reads neither layer nor new K/V
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    ref = paged_decode_reference(q, k, v, block_table, md.seq_lens, D ** -0.5, sinks=sink)
+    assert (out.float() - ref).abs().max() < 2e-2
+    assert _counts()[("kernel", "", "3-4", "call")] == before + 1
+
+
+def test_sliding_window_layer_uses_vllms_window_convention(vllm_config):
+    lens = [70, 20]
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens)
+    impl = _impl(sliding_window=16)  # vLLM: sliding_window=16 -> keys (16 - 1) behind the query and itself
+    q = torch.randn(2, HQ, D, dtype=torch.bfloat16, device=DEV)
+    out = torch.empty_like(q)
+    impl.forward(None, q, None, None, kv_cache, md, out)
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    ref = paged_decode_reference(q, k, v, block_table, md.seq_lens, D ** -0.5, window_left=15)
+    assert (out.float() - ref).abs().max() < 2e-2
+
+
+def test_layers_it_cannot_serve_are_counted_at_construction(vllm_config):
+    before = _counts()
+    impl = _impl(alibi_slopes=[0.5] * HQ)
+    assert impl._infera_layer_decline == "alibi"
+    assert _counts()[("fallback", "alibi", "dynamic", "plan")] == before.get(("fallback", "alibi", "dynamic", "plan"), 0) + 1
+    assert _impl(kv_cache_dtype="fp8")._infera_layer_decline == "kv-cache-dtype"
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="vLLM's CPU build disables its own Triton kernels (no Triton CPU backend), "
+                                         "so the Triton fallback that serves prefill runs on GPUs only")
+def test_prefill_batch_goes_to_vllms_triton_attention(vllm_config):
+    from vllm.model_executor.layers.attention import Attention  # noqa: F401  (the layer type the parent reads)
+
+    lens, qlens = [40, 9], [40, 9]
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens, qlens)
+    impl = _impl()
+
+    class Scales(torch.nn.Module):  # what the parent reads from vLLM's Attention layer: unit KV scales
+        _k_scale = torch.ones(1, device=DEV)
+        _v_scale = torch.ones(1, device=DEV)
+        _q_scale = torch.ones(1, device=DEV)
+
+    q = torch.randn(sum(qlens), HQ, D, dtype=torch.bfloat16, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    before = _counts()
+    impl.forward(Scales(), q, None, None, kv_cache, md, out)
+    assert not out.isnan().any()
+    after = _counts()
+    assert sum(n for k, n in after.items() if k[:2] == ("fallback", "prefill")) == \
+        sum(n for k, n in before.items() if k[:2] == ("fallback", "prefill")) + 1
