@@ -33,15 +33,23 @@ def test_layers_declined_with_reasons():
 
 
 def batch(q=None, **kw):
-    args = dict(max_query_len=1, num_actual_tokens=4, num_seqs=4, extras_present=False, quantized_output=False)
+    args = dict(decode=True, prefill_on_kernel=True, extras_present=False, quantized_output=False)
     return guard.batch_decline(torch.empty(4, 8, 64, dtype=torch.bfloat16) if q is None else q, **{**args, **kw})
 
 
 def test_batches():
-    assert batch() is None
+    assert batch() is None and batch(decode=False) is None
     assert batch(torch.empty(4, 8, 64, dtype=torch.float16)) is None
     assert batch(torch.empty(4, 8, 64, dtype=torch.float32)) == "dtype"
-    assert batch(max_query_len=5) == "prefill"
+    assert batch(decode=False, prefill_on_kernel=False) == "prefill-handover"
+    assert batch(prefill_on_kernel=False) is None  # decode batches stay on the kernel
     assert batch(extras_present=True) == "mm-prefix-or-rswa"
     assert batch(quantized_output=True) == "output-quant"
-    assert batch(num_actual_tokens=3) == "layout"
+    assert "prefill-handover" in guard.HANDOVERS
+
+
+def test_decode_or_ragged():
+    assert guard.is_decode(max_query_len=1, num_actual_tokens=4, num_seqs=4)
+    assert guard.is_decode(max_query_len=1, num_actual_tokens=8, num_seqs=8)  # padded CUDA-graph batch
+    assert not guard.is_decode(max_query_len=7, num_actual_tokens=10, num_seqs=4)
+    assert not guard.is_decode(max_query_len=1, num_actual_tokens=3, num_seqs=4)  # a request without a token

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.interpret
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 if DEV == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
-TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}  # atol and rtol: probabilities and outputs round to the dtype
 
 
 @pytest.fixture(autouse=True)
@@ -40,8 +40,7 @@ def check(q, k, v, bt, lens, *, sinks=None, window_left=-1, softcap=0.0, num_spl
                      num_splits=num_splits, workspace=workspace)
     ref = paged_decode_reference(q, k, v, bt, lens, scale, sinks=sinks, window_left=window_left, softcap=softcap)
     assert not out.isnan().any(), "unwritten output elements"
-    err = (out.float() - ref).abs().max().item()
-    assert err < TOL[q.dtype], f"max abs error {err}"
+    torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
     return out
 
 
@@ -123,3 +122,52 @@ def test_split_choice_fills_the_gpu_and_ignores_lengths():
     for b in (1, 3, 64):
         s = ops.choose_num_splits(b, 3, dev)
         assert 1 <= s <= ops.MAX_SPLITS and s & (s - 1) == 0
+
+
+def ragged_case(Hq, Hkv, D, page, query_lens, contexts, dtype=torch.bfloat16):
+    """A prefill / chunked-prefill / mixed batch: request r has contexts[r] cached keys and query_lens[r] new
+    tokens (already written to the cache, as vLLM does before attention)."""
+    lens = [c + n for c, n in zip(contexts, query_lens)]
+    q, k, v, bt, seq_lens = paged_case(len(lens), Hq, Hkv, D, page, lens, dtype=dtype)
+    T = sum(query_lens)
+    q = torch.randn(T, Hq, D, dtype=dtype, device=DEV)
+    qsl = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    return q, k, v, bt, seq_lens, qsl
+
+
+def check_prefill(q, k, v, bt, seq_lens, qsl, **kw):
+    from infera_ops.attn_paged.reference import paged_prefill_reference
+
+    out = torch.full_like(q, float("nan"))
+    scale = q.shape[-1] ** -0.5
+    block_m = kw.pop("block_m", None)
+    ops.paged_prefill(q, k, v, bt, seq_lens, qsl, scale, out, block_m=block_m, **kw)
+    ref = paged_prefill_reference(q, k, v, bt, seq_lens, qsl, scale, **kw)
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
+
+
+@pytest.mark.parametrize("Hq,Hkv,D", [(8, 2, 64), (9, 3, 64), (4, 4, 80), (6, 1, 96), (4, 2, 128), (2, 1, 256)])
+def test_prefill_ragged_heads(Hq, Hkv, D):
+    # plain prefill, chunked prefill with context, a decode token in the mix, a one-token prompt
+    check_prefill(*ragged_case(Hq, Hkv, D, 16, query_lens=[37, 20, 1, 1], contexts=[0, 45, 70, 0]))
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_prefill_block_rows_and_pages(block_m):
+    check_prefill(*ragged_case(8, 2, 64, 32, query_lens=[50, 3, 17], contexts=[10, 0, 90]), block_m=block_m)
+
+
+def test_prefill_features():
+    case = ragged_case(9, 3, 80, 16, query_lens=[30, 12, 1], contexts=[0, 40, 25])
+    check_prefill(*case, sinks=torch.randn(9, device=DEV))
+    check_prefill(*case, window_left=9)
+    check_prefill(*case, softcap=10.0)
+    check_prefill(*case, sinks=torch.randn(9, device=DEV), window_left=0, softcap=10.0)
+
+
+def test_prefill_fp16_and_strided_query():
+    q, k, v, bt, seq_lens, qsl = ragged_case(4, 2, 64, 16, query_lens=[19, 6], contexts=[5, 33], dtype=torch.float16)
+    wide = torch.randn(q.shape[0], 6, 64, dtype=q.dtype, device=DEV)
+    wide[:, 2:6] = q
+    check_prefill(wide[:, 2:6], k, v, bt, seq_lens, qsl)

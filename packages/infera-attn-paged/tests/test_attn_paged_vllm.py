@@ -143,16 +143,59 @@ def test_layers_it_cannot_serve_are_counted_at_construction(vllm_config):
     assert _impl(kv_cache_dtype="fp8")._infera_layer_decline == "kv-cache-dtype"
 
 
-@pytest.mark.skipif(DEV == "cpu", reason="vLLM's CPU build disables its own Triton kernels (no Triton CPU backend), "
-                                         "so the Triton fallback that serves prefill runs on GPUs only")
-def test_prefill_batch_goes_to_vllms_triton_attention(vllm_config):
-    from vllm.model_executor.layers.attention import Attention  # noqa: F401  (the layer type the parent reads)
+def test_prefill_and_mixed_batch_reach_the_ragged_kernel(vllm_config):
+    from infera_ops.attn_paged.reference import paged_prefill_reference
 
+    lens, qlens = [40, 9, 30], [40, 4, 1]  # a prompt, a chunk with cached context, a decode token
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens, qlens)
+    impl = _impl()
+    q = torch.randn(sum(qlens), HQ, D, dtype=torch.bfloat16, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    before = _counts().get(("kernel", "", "33-64", "call"), 0)
+    impl.forward(None, q, None, None, kv_cache, md, out)
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    ref = paged_prefill_reference(q, k, v, block_table, md.seq_lens, md.query_start_loc, D ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    assert _counts()[("kernel", "", "33-64", "call")] == before + 1
+
+
+def test_kv_cache_update_writes_vllms_slots(vllm_config):
+    """The KV write the backend does (vLLM's Triton kernel on GPUs, an index-put on the CPU) fills exactly the
+    slots vLLM's slot mapping names, in the views the kernels read."""
+    md, kv_cache, _ = _decode_batch(vllm_config, [20, 20])
+    impl = _impl()
+    before = kv_cache.clone()
+    key = torch.randn(5, HKV, D, dtype=torch.bfloat16, device=DEV)
+    value = torch.randn(5, HKV, D, dtype=torch.bfloat16, device=DEV)
+    slots = torch.tensor([3, 17, 40, -1, 41], dtype=torch.int64, device=DEV)  # -1: a padded token
+
+    class Scales(torch.nn.Module):  # what vLLM's Attention layer carries for the write: unit KV scales
+        _k_scale = torch.ones(1, device=DEV)
+        _v_scale = torch.ones(1, device=DEV)
+
+    impl.do_kv_cache_update(Scales(), key, value, kv_cache, slots)
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    for i, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            assert torch.equal(k[slot // PAGE, slot % PAGE], key[i]) and torch.equal(v[slot // PAGE, slot % PAGE], value[i])
+    touched = torch.zeros(kv_cache.shape[0], PAGE, dtype=torch.bool, device=DEV)
+    for slot in (3, 17, 40, 41):
+        touched[slot // PAGE, slot % PAGE] = True
+    kept = kv_cache.transpose(1, 2)[~touched]
+    assert torch.equal(kept, before.transpose(1, 2)[~touched])  # nothing else written
+
+
+@pytest.mark.skipif(DEV == "cpu", reason="vLLM's CPU build disables its own Triton kernels (no Triton CPU backend), "
+                                         "so the Triton implementation prefill is handed to runs on GPUs only")
+def test_prefill_handover_goes_to_vllms_triton_attention(vllm_config, monkeypatch):
+    from infera_ops.attn_paged.reference import paged_prefill_reference
+
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "0")
     lens, qlens = [40, 9], [40, 9]
     md, kv_cache, block_table = _decode_batch(vllm_config, lens, qlens)
     impl = _impl()
 
-    class Scales(torch.nn.Module):  # what the parent reads from vLLM's Attention layer: unit KV scales
+    class Scales(torch.nn.Module):  # what the parent reads from vLLM's Attention layer: unit scales
         _k_scale = torch.ones(1, device=DEV)
         _v_scale = torch.ones(1, device=DEV)
         _q_scale = torch.ones(1, device=DEV)
@@ -161,7 +204,9 @@ def test_prefill_batch_goes_to_vllms_triton_attention(vllm_config):
     out = torch.full_like(q, float("nan"))
     before = _counts()
     impl.forward(Scales(), q, None, None, kv_cache, md, out)
-    assert not out.isnan().any()
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    ref = paged_prefill_reference(q, k, v, block_table, md.seq_lens, md.query_start_loc, D ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     after = _counts()
-    assert sum(n for k, n in after.items() if k[:2] == ("fallback", "prefill")) == \
-        sum(n for k, n in before.items() if k[:2] == ("fallback", "prefill")) + 1
+    assert sum(n for k, n in after.items() if k[:2] == ("handover", "prefill-handover")) == \
+        sum(n for k, n in before.items() if k[:2] == ("handover", "prefill-handover")) + 1

@@ -1,7 +1,9 @@
 """The vLLM side of infera-attn-paged: an attention backend that is vLLM's Triton backend (same KV-cache
-layout, same KV writes, same metadata) whose ``forward`` runs the split-KV decode kernel (ops.py) on pure
-decode batches and hands every other batch to the parent, so a call it cannot serve runs exactly what
-``TRITON_ATTN`` would have run. Every decision is counted (guard.py has the reasons).
+layout, same KV writes, same metadata) whose ``forward`` runs the split-KV decode kernel (kernels.py) on
+pure decode batches and the ragged kernel (prefill_kernels.py) on prefill and mixed batches, and hands
+what they cannot serve to the parent, so such a call runs exactly what ``TRITON_ATTN`` would have run.
+Every decision is counted (guard.py has the reasons). ``INFERA_ATTN_PAGED_PREFILL=0`` hands prefill and
+mixed batches to the parent by design (``prefill-handover``).
 
 Registered in the ``CUSTOM`` slot (seam.py), selected with ``--attention-backend CUSTOM``. Imported only once
 the plugin's checks passed (it imports torch and vLLM).
@@ -13,6 +15,8 @@ as ``(num_blocks, Hkv, block_size, 2·D)`` (K and V packed along the last dim). 
 
 from __future__ import annotations
 
+import os
+
 import torch
 from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, TritonAttentionImpl,
                                                     TritonAttentionMetadataBuilder)
@@ -22,6 +26,14 @@ from infera_vllm import coverage
 
 OP_NAME = "attn-paged"
 _count = coverage.CallCounts(OP_NAME, guard.HANDOVERS)
+
+
+def prefill_on_kernel() -> bool:
+    """``INFERA_ATTN_PAGED_PREFILL``: 1 (default) the ragged kernel serves prefill, 0 vLLM's Triton kernel."""
+    value = os.environ.get("INFERA_ATTN_PAGED_PREFILL", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"INFERA_ATTN_PAGED_PREFILL must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,10 +73,12 @@ class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
 class InferaAttentionImpl(TritonAttentionImpl):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._infera_layer_decline = guard.layer_decline(self.attn_type, self.head_size, self.kv_cache_dtype,
-                                                         self.alibi_slopes, self.use_alibi_sqrt, self.chunk_lookback)
+        self._infera_layer_decline = guard.layer_decline(
+            self.attn_type, self.head_size, self.kv_cache_dtype, self.alibi_slopes,
+            getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1))
         self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
         self._infera_softcap = float(self.logits_soft_cap or 0.0)
+        self._infera_prefill = prefill_on_kernel()
         if self._infera_layer_decline is not None:
             _count(self._infera_layer_decline, None, "plan")
 
@@ -74,28 +88,47 @@ class InferaAttentionImpl(TritonAttentionImpl):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                    output_block_scale)
         seq_lens = attn_metadata.seq_lens
-        num_seqs = seq_lens.shape[0]
+        num_seqs, tokens = seq_lens.shape[0], attn_metadata.num_actual_tokens
+        decode = guard.is_decode(attn_metadata.max_query_len, tokens, num_seqs)
         reason = self._infera_layer_decline
         if reason is None:
             extras = (getattr(attn_metadata, "mm_prefix_range_tensor", None) is not None
                       or getattr(attn_metadata, "rswa_prefix_lens", None) is not None)
-            reason = guard.batch_decline(query, attn_metadata.max_query_len, attn_metadata.num_actual_tokens,
-                                         num_seqs, extras, output_scale is not None or output_block_scale is not None)
+            reason = guard.batch_decline(query, decode, self._infera_prefill, extras,
+                                         output_scale is not None or output_block_scale is not None)
             workspace = getattr(attn_metadata, "infera_workspace", None)
-            splits = getattr(attn_metadata, "infera_num_splits", 1)
+            splits = getattr(attn_metadata, "infera_num_splits", 1) if decode else 1
             if reason is None and splits > 1 and (workspace is None or not workspace.fits(
                     num_seqs, self.num_heads, self.head_size, splits)):
                 reason = "workspace"
             capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
-            _count(reason, num_seqs, "plan" if capturing else "call")
+            _count(reason, tokens, "plan" if capturing else "call")
         if reason is not None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                    output_block_scale)
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
-        ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens, self.scale,
-                         output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
-                         softcap=self._infera_softcap, num_splits=splits, workspace=workspace)
+        if decode:
+            ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens,
+                             self.scale, output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
+                             softcap=self._infera_softcap, num_splits=splits, workspace=workspace)
+        else:
+            ops.paged_prefill(query[:tokens], key_cache, value_cache, attn_metadata.block_table, seq_lens,
+                              attn_metadata.query_start_loc, self.scale, output[:tokens], sinks=self.sinks,
+                              window_left=self._infera_window, softcap=self._infera_softcap)
         return output
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        """vLLM's Triton KV write on GPUs. On the CPU (validation under the interpreter: vLLM's CPU build
+        disables its Triton kernels) the same write as a torch index-put into the same views."""
+        if kv_cache.device.type != "cpu" or self._infera_layer_decline is not None:
+            return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        n = slot_mapping.shape[0]
+        live = slot_mapping >= 0  # padded tokens carry slot -1
+        slots = slot_mapping[live]
+        page = key_cache.shape[1]
+        key_cache[slots // page, slots % page] = key[:n][live].to(key_cache.dtype)
+        value_cache[slots // page, slots % page] = value[:n][live].to(value_cache.dtype)
 
 
 class InferaAttentionBackend(TritonAttentionBackend):

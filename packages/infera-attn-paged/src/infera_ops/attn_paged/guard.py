@@ -10,9 +10,9 @@ from infera_ops.attn_paged.ops import HEAD_SIZES
 
 DTYPES = (torch.bfloat16, torch.float16)
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
-# By design, not capability limits: coverage route "handover" (none yet: every decline below is a
-# capability the kernels lack, counted as a fallback, and INFERA_VLLM_STRICT=1 refuses it).
-HANDOVERS: tuple[str, ...] = ()
+# By design, not capability limits: coverage route "handover" (strict mode lets them through). Every other
+# reason is a capability the kernels lack, counted as a fallback, which INFERA_VLLM_STRICT=1 refuses.
+HANDOVERS = ("prefill-handover",)
 
 
 def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,
@@ -31,17 +31,20 @@ def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slo
     return None
 
 
-def batch_decline(query: torch.Tensor, max_query_len: int, num_actual_tokens: int, num_seqs: int,
-                  extras_present: bool, quantized_output: bool) -> str | None:
-    """None when this batch is pure decode the kernel serves, else a reason code (decided per batch)."""
+def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool:
+    """One query token per (padded) sequence: the split-KV decode kernel; otherwise the ragged kernel."""
+    return max_query_len == 1 and num_actual_tokens >= num_seqs
+
+
+def batch_decline(query: torch.Tensor, decode: bool, prefill_on_kernel: bool, extras_present: bool,
+                  quantized_output: bool) -> str | None:
+    """None when the kernels serve this batch, else a reason code (decided per batch)."""
     if quantized_output:
         return "output-quant"
     if query.dtype not in DTYPES:
         return "dtype"
-    if max_query_len != 1:
-        return "prefill"  # prefill and mixed batches: vLLM's Triton kernel until the prefill kernel lands
     if extras_present:
         return "mm-prefix-or-rswa"  # multimodal bidirectional prefixes, RSWA prefix lengths
-    if num_actual_tokens < num_seqs:
-        return "layout"  # decode means one token per (padded) sequence
+    if not decode and not prefill_on_kernel:
+        return "prefill-handover"  # INFERA_ATTN_PAGED_PREFILL=0: vLLM's Triton kernel serves prefill
     return None

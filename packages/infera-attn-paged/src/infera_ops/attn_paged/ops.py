@@ -12,6 +12,7 @@ import torch
 import triton
 
 from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel
+from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel
 from infera_vllm import triton_dot
 
 HEAD_SIZES = (64, 80, 96, 128, 256)
@@ -112,4 +113,48 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
             part_out, part_lse, sinks if sinks is not None else q, out, out.stride(0), out.stride(1), splits,
             D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=triton.next_power_of_2(splits),
             HAS_SINKS=sinks is not None, num_warps=4)
+    return out
+
+
+def prefill_config(head_size: int, group: int) -> tuple[int, LaunchConfig]:
+    """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel: 64 rows and
+    64-key tiles keep the [BLOCK_M, D] accumulator and both tiles in registers up to D = 128; halved at 256."""
+    block_m = max(16, triton.next_power_of_2(group), 64 if head_size <= 128 else 32)
+    return block_m, LaunchConfig(block_n=64 if head_size <= 128 else 32, num_warps=4, num_stages=2)
+
+
+def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+                  seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor | None = None,
+                  *, sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
+                  block_m: int | None = None, config: LaunchConfig | None = None) -> torch.Tensor:
+    """Causal attention of ragged query batches (prefill, chunked prefill, mixed) over the paged cache.
+
+    q ``[T, Hq, D]`` (request r's tokens at ``query_start_loc[r]:query_start_loc[r + 1]``, the last ones of
+    its ``seq_lens[r]`` positions); caches, block table, sinks, window and soft-cap as in :func:`paged_decode`.
+    The new tokens' keys and values must already be in the cache. Writes and returns ``out`` ``[T, Hq, D]``.
+    """
+    T, Hq, D = q.shape
+    _, page, Hkv, Dk = key_cache.shape
+    if Dk != D or value_cache.shape != key_cache.shape or Hq % Hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match the caches {tuple(key_cache.shape)}")
+    if q.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("q and the caches need unit stride along the head dimension")
+    if out is None:
+        out = torch.empty_like(q)
+    R = seq_lens.shape[0]
+    if T == 0 or R == 0:
+        return out
+    G = Hq // Hkv
+    default_m, default_cfg = prefill_config(D, G)
+    bm, cfg = block_m or default_m, config or default_cfg
+    bq = bm // G
+    _paged_prefill_kernel[(T // bq + R, Hkv)](
+        q, q.stride(0), q.stride(1),
+        key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_table, block_table.stride(0), seq_lens, query_start_loc, sinks if sinks is not None else q,
+        out, out.stride(0), out.stride(1), R, float(scale), float(softcap), int(window_left),
+        G=G, BLOCK_M=bm, BLOCK_Q=bq, D=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page, BLOCK_N=cfg.block_n,
+        HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0,
+        FP32_DOT=triton_dot.fp32_dot(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

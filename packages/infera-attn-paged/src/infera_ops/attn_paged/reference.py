@@ -28,3 +28,18 @@ def paged_decode_reference(q, key_cache, value_cache, block_table, seq_lens, sca
         p = s.softmax(dim=-1)[:, : n.numel()]
         out[b] = torch.einsum("hn,nhd->hd", p, v)
     return out
+
+
+def paged_prefill_reference(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, *, sinks=None,
+                            window_left=-1, softcap=0.0):
+    """Ragged causal attention over the cache (see prefill_kernels.py) -> ``[T, Hq, D]`` fp32: each query token
+    is a one-token decode over the keys up to its own position."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for r in range(seq_lens.shape[0]):
+        a, b = int(query_start_loc[r]), int(query_start_loc[r + 1])
+        ctx = int(seq_lens[r]) - (b - a)
+        lens = torch.arange(ctx + 1, ctx + 1 + b - a, dtype=torch.int32)
+        if b > a:
+            out[a:b] = paged_decode_reference(q[a:b], key_cache, value_cache, block_table[r].expand(b - a, -1), lens,
+                                              scale, sinks=sinks, window_left=window_left, softcap=softcap)
+    return out
