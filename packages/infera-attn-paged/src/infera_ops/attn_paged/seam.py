@@ -6,7 +6,9 @@ Nothing changes until the user selects it (``--attention-backend CUSTOM``): vLLM
 spawned workers before they load plugins (../shared/notes/vllm-seams.md §2.2); ``CUSTOM`` does not.
 
 Declines on the CPU without ``TRITON_INTERPRET=1`` (``triton-interpreter-off``); with it the backend is
-registered for validation (the CPU platform ignores ``--attention-backend`` and always serves CPU_ATTN).
+registered for validation. The CPU platform ignores ``--attention-backend`` and always serves its CPU_ATTN
+slot, so the test switch ``INFERA_ATTN_PAGED_CPU_SLOT=1`` (CPU only, never for serving: the interpreter is
+orders of magnitude slower) puts the backend in that slot, and vLLM's CPU engine runs the kernels end to end.
 """
 
 import os
@@ -31,4 +33,7 @@ def activate(ctx) -> Decline | None:
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
+    if ctx.env.gpu_family == "cpu" and os.environ.get("INFERA_ATTN_PAGED_CPU_SLOT") == "1":
+        register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND)
+        ctx.state["note"] = "in vLLM's CPU_ATTN slot (INFERA_ATTN_PAGED_CPU_SLOT=1, validation under the interpreter)"
     return None
