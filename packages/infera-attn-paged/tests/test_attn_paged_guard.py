@@ -53,3 +53,15 @@ def test_decode_or_ragged():
     assert guard.is_decode(max_query_len=1, num_actual_tokens=8, num_seqs=8)  # padded CUDA-graph batch
     assert not guard.is_decode(max_query_len=7, num_actual_tokens=10, num_seqs=4)
     assert not guard.is_decode(max_query_len=1, num_actual_tokens=3, num_seqs=4)  # a request without a token
+
+
+def test_prefill_switch(monkeypatch):
+    import pytest
+
+    monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
+    assert guard.prefill_on_kernel()
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "0")
+    assert not guard.prefill_on_kernel()
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "maybe")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        guard.prefill_on_kernel()

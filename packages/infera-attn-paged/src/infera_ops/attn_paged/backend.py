@@ -15,8 +15,6 @@ as ``(num_blocks, Hkv, block_size, 2·D)`` (K and V packed along the last dim). 
 
 from __future__ import annotations
 
-import os
-
 import torch
 from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, TritonAttentionImpl,
                                                     TritonAttentionMetadataBuilder)
@@ -26,14 +24,6 @@ from infera_vllm import coverage
 
 OP_NAME = "attn-paged"
 _count = coverage.CallCounts(OP_NAME, guard.HANDOVERS)
-
-
-def prefill_on_kernel() -> bool:
-    """``INFERA_ATTN_PAGED_PREFILL``: 1 (default) the ragged kernel serves prefill, 0 vLLM's Triton kernel."""
-    value = os.environ.get("INFERA_ATTN_PAGED_PREFILL", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"INFERA_ATTN_PAGED_PREFILL must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +68,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
             getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1))
         self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
         self._infera_softcap = float(self.logits_soft_cap or 0.0)
-        self._infera_prefill = prefill_on_kernel()
+        self._infera_prefill = guard.prefill_on_kernel()  # validated when the op activated
         if self._infera_layer_decline is not None:
             _count(self._infera_layer_decline, None, "plan")
 

@@ -4,6 +4,8 @@ each batch's metadata; a reason code for everything it does not take, served by 
 Imports torch only (no vLLM), so the decisions are unit-testable apart from the backend.
 """
 
+import os
+
 import torch
 
 from infera_ops.attn_paged.ops import HEAD_SIZES
@@ -13,6 +15,14 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 # By design, not capability limits: coverage route "handover" (strict mode lets them through). Every other
 # reason is a capability the kernels lack, counted as a fallback, which INFERA_VLLM_STRICT=1 refuses.
 HANDOVERS = ("prefill-handover",)
+
+
+def prefill_on_kernel() -> bool:
+    """``INFERA_ATTN_PAGED_PREFILL``: 1 (default) the ragged kernel serves prefill, 0 vLLM's Triton kernel."""
+    value = os.environ.get("INFERA_ATTN_PAGED_PREFILL", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"INFERA_ATTN_PAGED_PREFILL must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,

@@ -31,6 +31,10 @@ def activate(ctx) -> Decline | None:
         return decline
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+    from infera_ops.attn_paged import guard
+
+    guard.prefill_on_kernel()  # a bad INFERA_ATTN_PAGED_PREFILL raises here: activate-error, vLLM unharmed
+
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
     if ctx.env.gpu_family == "cpu" and os.environ.get("INFERA_ATTN_PAGED_CPU_SLOT") == "1":
