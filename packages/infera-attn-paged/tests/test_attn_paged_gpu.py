@@ -1,0 +1,74 @@
+"""GPU only: the kernels at real sizes, and CUDA-graph capture and replay the way vLLM drives a full decode
+graph: captured once at a batch size with short lengths, replayed after the persistent length, block-table
+and query buffers change in place (longer contexts, padded sequences)."""
+
+import pytest
+import torch
+
+from infera_ops.attn_paged import ops
+from infera_ops.attn_paged.reference import paged_decode_reference, paged_prefill_reference
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a GPU", allow_module_level=True)
+
+
+def _cache(nblocks, page, Hkv, D):
+    kv = torch.randn(nblocks, page, Hkv, 2 * D, dtype=torch.bfloat16, device="cuda").permute(0, 2, 1, 3)
+    return kv.transpose(1, 2).split(D, dim=-1)
+
+
+@pytest.mark.parametrize("B,ctx,Hq,Hkv,D", [(1, 8192, 32, 8, 128), (16, 2048, 64, 8, 64), (64, 1000, 9, 3, 64)])
+def test_decode_real_sizes(B, ctx, Hq, Hkv, D):
+    torch.manual_seed(0)
+    pages = -(-ctx // 16)
+    k, v = _cache(B * pages + 7, 16, Hkv, D)
+    bt = torch.randperm(B * pages + 7, device="cuda")[: B * pages].view(B, pages).to(torch.int32)
+    lens = torch.randint(ctx // 2, ctx + 1, (B,), dtype=torch.int32, device="cuda")
+    q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out)
+    ref = paged_decode_reference(q, k, v, bt, lens, D ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_prefill_real_sizes():
+    torch.manual_seed(0)
+    Hq, Hkv, D, qlens, ctxs = 32, 8, 128, [700, 513, 1, 64], [0, 1500, 3000, 90]
+    lens = [c + n for c, n in zip(ctxs, qlens)]
+    pages = -(-max(lens) // 16)
+    k, v = _cache(len(lens) * pages, 16, Hkv, D)
+    bt = torch.randperm(len(lens) * pages, device="cuda").view(len(lens), pages).to(torch.int32)
+    q = torch.randn(sum(qlens), Hq, D, dtype=torch.bfloat16, device="cuda")
+    qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    ops.paged_prefill(q, k, v, bt, seq_lens, qsl, D ** -0.5, out)
+    ref = paged_prefill_reference(q, k, v, bt, seq_lens, qsl, D ** -0.5)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_graph_replays_with_new_lengths():
+    torch.manual_seed(0)
+    B, Hq, Hkv, D, max_ctx = 4, 32, 8, 128, 4096
+    pages = max_ctx // 16
+    k, v = _cache(B * pages, 16, Hkv, D)
+    bt = torch.randperm(B * pages, device="cuda").view(B, pages).to(torch.int32)
+    lens = torch.ones(B, dtype=torch.int32, device="cuda")  # vLLM captures with seq_lens filled with 1
+    q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty_like(q)
+    ws = ops.Workspace(B, Hq, D, "cuda")
+    splits = ops.choose_num_splits(B, Hkv, q.device)
+    assert splits > 1  # the split path and its reduce are what the graph must hold
+    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=splits, workspace=ws)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=splits, workspace=ws)
+    for new_lens in ([4096, 17, 1000, 0], [1, 2, 3, 4], [2500, 4096, 4095, 64]):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        bt.copy_(torch.randperm(B * pages, device="cuda").view(B, pages).to(torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = paged_decode_reference(q, k, v, bt, lens, D ** -0.5)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
