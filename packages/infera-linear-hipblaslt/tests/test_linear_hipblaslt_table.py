@@ -24,6 +24,14 @@ def test_lookup_by_shape_and_bucket():
     assert t.buckets(64, 32, "bfloat16", True) is None and t.buckets(64, 32, "float16", False) is None  # untuned
 
 
+def test_digest_follows_the_entries_not_the_source():
+    a, b = table.parse(json.dumps(GOOD), "a.json"), table.parse(json.dumps(GOOD), "b.json")
+    assert a.digest() == b.digest()  # same decisions: the same compiled graph may be reused
+    changed = json.loads(json.dumps(GOOD))
+    changed["entries"][0]["buckets"][1]["max_m"] = 8
+    assert table.parse(json.dumps(changed), "a.json").digest() != a.digest()  # another table, another graph
+
+
 @pytest.mark.parametrize("doc, message", [
     ("not json", "not JSON"),
     ({"shapes": []}, "'entries' list"),

@@ -12,7 +12,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from infera_vllm import compat, coverage, discovery, log
+from infera_vllm import compile_key, compat, coverage, discovery, log
 from infera_vllm.spec import Decline, OpSpec, Reason
 from infera_vllm.switches import Switches
 
@@ -46,6 +46,7 @@ class Verdict:
     seam: str
     decline: Decline | None
     note: str = ""  # what the op's activate() left in ctx.state["note"], e.g. how it was installed
+    compile_key: str = ""  # what its seam bakes into compiled graphs (ctx.state["compile_key"]), see compile_key.py
 
     @property
     def active(self) -> bool:
@@ -80,7 +81,8 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
                 decline = activate(ctx) if install else _dry_run(spec, ctx)
             except Exception as exc:
                 decline = Decline(Reason.ACTIVATE_ERROR, f"{type(exc).__name__}: {exc}")
-    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline, str(ctx.state.get("note", "")))
+    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline, str(ctx.state.get("note", "")),
+                   str(ctx.state.get("compile_key", "")))
 
 
 def _dry_run(spec: OpSpec, ctx: OpContext) -> Decline | None:
@@ -118,6 +120,10 @@ def activate_all(switches: Switches) -> list[Verdict]:
         coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline, note=v.note)
     if not verdicts:
         log.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")
+    problem = compile_key.install({v.name: f"{v.version}{':' + v.compile_key if v.compile_key else ''}"
+                                   for v in verdicts if v.active})
+    if problem:
+        log.info("infera-vllm: %s", problem)
     coverage.write_report()  # the startup verdicts survive even if the process is killed later
     failed = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in CHOSEN]
     if switches.strict and failed:

@@ -40,6 +40,8 @@ def activate(ctx) -> Decline | None:
 
     gemm.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu")
     ctx.state["note"] = f"{len(found)} tuned shapes ({found.source})"
+    # which shapes go to infera::linear is decided while Dynamo traces: another table is another graph
+    ctx.state["compile_key"] = found.digest()
     return None
 
 

@@ -56,6 +56,12 @@ class Table:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def digest(self) -> str:
+        """A short hash of the entries (not the source name): part of vLLM's compile-cache key."""
+        import hashlib
+
+        return hashlib.sha256(repr(sorted(self.entries.items())).encode()).hexdigest()[:12]
+
 
 def parse(text: str, source: str) -> Table:
     try:
