@@ -60,7 +60,9 @@ class Table:
         """A short hash of the entries (not the source name): part of vLLM's compile-cache key."""
         import hashlib
 
-        return hashlib.sha256(repr(sorted(self.entries.items())).encode()).hexdigest()[:12]
+        rows = [(key, [(b.max_m, b.choice, b.config.as_dict() if b.config else None) for b in buckets])
+                for key, buckets in sorted(self.entries.items())]
+        return hashlib.sha256(repr(rows).encode()).hexdigest()[:12]
 
 
 def parse(text: str, source: str) -> Table:
