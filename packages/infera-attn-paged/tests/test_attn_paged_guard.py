@@ -65,3 +65,16 @@ def test_prefill_switch(monkeypatch):
     monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "maybe")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         guard.prefill_on_kernel()
+
+
+def test_doctor_plan_per_layer():
+    from infera_ops.attn_paged.seam import plan
+    from infera_vllm.model_sites import Site
+
+    def site(**attrs):
+        return Site("attention", "model.layers.0.self_attn.attn", {"num_heads": 9, "num_kv_heads": 3, "head_size": 64,
+                                                                  "dtype": "bfloat16", **attrs})
+
+    assert plan(site()) is None
+    assert plan(site(head_size=112)).code == "head-size"
+    assert plan(site(dtype="float32")).code == "dtype"

@@ -8,8 +8,7 @@ import os
 
 import torch
 
-from infera_ops.attn_paged.ops import HEAD_SIZES
-
+HEAD_SIZES = (64, 80, 96, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 # By design, not capability limits: coverage route "handover" (strict mode lets them through). Every other

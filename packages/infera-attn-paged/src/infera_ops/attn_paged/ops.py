@@ -15,7 +15,6 @@ from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_re
 from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel
 from infera_vllm import triton_dot
 
-HEAD_SIZES = (64, 80, 96, 128, 256)
 MAX_SPLITS = 64
 # Programs to aim for: two per SM keep every SM busy with one program waiting on memory while the other
 # computes (H200: 132 SMs). On the CPU (interpreter) any figure works; 16 exercises the split path.

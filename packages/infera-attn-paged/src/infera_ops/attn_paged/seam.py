@@ -41,3 +41,15 @@ def activate(ctx) -> Decline | None:
         register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND)
         ctx.state["note"] = "in vLLM's CPU_ATTN slot (INFERA_ATTN_PAGED_CPU_SLOT=1, validation under the interpreter)"
     return None
+
+
+def plan(site) -> Decline | None:
+    """Would the backend's kernels take this attention layer (``doctor --model``)? Only with
+    ``--attention-backend CUSTOM``; per batch, fp32 queries and the other per-call reasons still apply."""
+    from infera_ops.attn_paged import guard
+
+    if site.attrs.get("head_size") not in guard.HEAD_SIZES:
+        return Decline("head-size", f"head size {site.attrs.get('head_size')} not in {guard.HEAD_SIZES}")
+    if str(site.attrs.get("dtype", "bfloat16")).replace("torch.", "") not in ("bfloat16", "float16"):
+        return Decline("dtype", f"{site.attrs.get('dtype')}: the kernels take bf16/fp16")
+    return None

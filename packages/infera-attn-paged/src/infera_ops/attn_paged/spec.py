@@ -23,5 +23,6 @@ SPEC = OpSpec(
     ),
     gpu_families=GPU_FAMILIES,
     activate="infera_ops.attn_paged.seam:activate",
+    plan="infera_ops.attn_paged.seam:plan",
     sites=("attention",),
 )
