@@ -51,3 +51,16 @@ def _rocm_arch() -> str | None:
         if isinstance(arch, str) and arch.startswith("gfx"):
             return arch.split(":")[0]
     return None
+
+
+def interpreter_off(family: str | None, served_by: str):
+    """The startup decline of a Triton op on the CPU without ``TRITON_INTERPRET=1`` (vLLM's CPU build has no
+    Triton CPU backend: the kernels run there only in Triton's interpreter, for validation), else None."""
+    import os
+
+    from infera_vllm.spec import Decline
+
+    if family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
+                                                 f"(validation); {served_by} serves")
+    return None

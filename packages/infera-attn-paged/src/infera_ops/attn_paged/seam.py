@@ -13,16 +13,14 @@ orders of magnitude slower) puts the backend in that slot, and vLLM's CPU engine
 
 import os
 
+from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
 
 BACKEND = "infera_ops.attn_paged.backend.InferaAttentionBackend"
 
 
 def check(ctx) -> Decline | None:
-    if ctx.env.gpu_family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
-                                                 "(validation); vLLM's CPU attention serves")
-    return None
+    return interpreter_off(ctx.env.gpu_family, "vLLM's CPU attention")
 
 
 def activate(ctx) -> Decline | None:

@@ -6,8 +6,7 @@ a family without a table (``not-tuned``: run ``infera-vllm tune linear`` on that
 switch (``bad-tuning``). ``plan`` answers ``infera-vllm doctor --model`` per linear layer.
 """
 
-import os
-
+from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
 
 
@@ -25,10 +24,7 @@ def _table(family: str):
 
 
 def check(ctx) -> Decline | None:
-    if ctx.env.gpu_family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return Decline("triton-interpreter-off", "on the CPU the Triton kernel runs only under TRITON_INTERPRET=1 "
-                                                 "(validation); vLLM's CPU GEMM serves")
-    return _table(ctx.env.gpu_family or "unknown")[1]
+    return interpreter_off(ctx.env.gpu_family, "vLLM's CPU GEMM") or _table(ctx.env.gpu_family or "unknown")[1]
 
 
 def activate(ctx) -> Decline | None:

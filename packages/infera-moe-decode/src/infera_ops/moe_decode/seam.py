@@ -6,9 +6,8 @@ without a tuning file (``not-tuned``) unless ``INFERA_MOE_DECODE_MAX_TOKENS`` is
 tuning file or switch (``bad-tuning``).
 """
 
-import os
-
 from infera_vllm.compat import version_in
+from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
 
 
@@ -26,10 +25,10 @@ def _tuning(ctx):
 
 
 def check(ctx) -> Decline | None:
+    off = interpreter_off(ctx.env.gpu_family, "vLLM's CPU experts")
+    if off is not None:
+        return off
     if ctx.env.gpu_family == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
-                                                     "(validation); vLLM's CPU experts serve")
         if ctx.env.vllm and not version_in(ctx.env.vllm, ">=0.32"):
             return Decline("cpu-monolithic", f"vLLM {ctx.env.vllm}'s CPU MoE is monolithic (no experts class to extend)")
     return _tuning(ctx)[1]

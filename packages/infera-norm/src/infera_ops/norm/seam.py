@@ -6,8 +6,7 @@ end (``FIRST_BY_DEFAULT``, empty today: docs/operators/norm.md), or anywhere the
 ``INFERA_VLLM_OPS``; a user's own ``--ir-op-priority`` still wins (vLLM puts it before the defaults).
 """
 
-import os
-
+from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
 
 # Families where infera goes first without being named. Not sm90: the kernels beat vllm_c under CUDA graphs
@@ -17,10 +16,7 @@ FIRST_BY_DEFAULT: tuple[str, ...] = ()
 
 
 def check(ctx) -> Decline | None:
-    if ctx.env.gpu_family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
-                                                 "(validation); vLLM's CPU kernels serve")
-    return None
+    return interpreter_off(ctx.env.gpu_family, "vLLM's CPU kernels")
 
 
 def activate(ctx) -> Decline | None:
