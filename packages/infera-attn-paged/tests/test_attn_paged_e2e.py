@@ -7,11 +7,11 @@ kernels (the report counts them in the worker), and the outputs agree."""
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from infera_vllm.testing import result_json, run_script
 
 pytestmark = pytest.mark.interpret
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
@@ -50,19 +50,14 @@ if __name__ == "__main__":
 """
 
 
-def _run(script, *args, env):
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout
 
 
 def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(tmp_path):
     model = str(tmp_path / "tiny-llama")
-    _run(MAKE, model, env={})
-    on = json.loads(_run(RUN, model, env={"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_CPU_SLOT": "1",
-                                          "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}).split("RESULT")[-1].splitlines()[0])
-    off = json.loads(_run(RUN, model, env={"INFERA_VLLM_OPS_DISABLE": "1"}).split("RESULT")[-1].splitlines()[0])
+    run_script(MAKE, model, env={})
+    on = result_json(run_script(RUN, model, env={"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_CPU_SLOT": "1",
+                                                 "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
+    off = result_json(run_script(RUN, model, env={"INFERA_VLLM_OPS_DISABLE": "1"}))
     assert [[t for t, _ in seq] for seq in on] == [[t for t, _ in seq] for seq in off]
     worst = max(abs(a - b) for s_on, s_off in zip(on, off) for (_, a), (_, b) in zip(s_on, s_off))
     assert worst < 0.05, worst  # bf16 attention in two kernels: log-probs agree closely

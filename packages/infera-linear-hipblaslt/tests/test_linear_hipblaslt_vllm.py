@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from infera_vllm.testing import result_json, run_script
+
 pytestmark = pytest.mark.interpret
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
@@ -59,15 +61,6 @@ def _assert_close(got, want):
         assert n >= 3 and max(abs(x - y) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])) < 0.05, (a, b)
 
 
-def _result(out):
-    return json.loads(out.split("RESULT")[-1].splitlines()[0])
-
-
-def _run(script, *args, env):
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout
 
 
 SMALL = {"block_m": 16, "block_n": 32, "block_k": 32}
@@ -84,19 +77,19 @@ TABLE = {"entries": [  # the tiny Llama's shapes: qkv (2 + 2·1 heads x 64), o, 
 
 def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
     ckpt = tmp_path / "llama-tiny"
-    _run(MAKE, str(ckpt), env={})
+    run_script(MAKE, str(ckpt), env={})
     (tmp_path / "table.json").write_text(json.dumps(TABLE))
-    off = _run(RUN, str(ckpt), "eager", env={"INFERA_VLLM_OPS_DISABLE": "1"})
+    off = run_script(RUN, str(ckpt), "eager", env={"INFERA_VLLM_OPS_DISABLE": "1"})
     report_dir = tmp_path / "report"
     on_env = {"INFERA_VLLM_OPS": "linear-hipblaslt", "INFERA_LINEAR_TUNING": str(tmp_path / "table.json"),
               "INFERA_LINEAR_EAGER": "1"}
-    on = _run(RUN, str(ckpt), "eager", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(report_dir)})
+    on = run_script(RUN, str(ckpt), "eager", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(report_dir)})
     # compiled (vLLM's Dynamo trace + Inductor on the CPU): the wrapper's Python is traced, the token count is
     # read only inside infera::linear; the engine must start (no specialised graph) and give the same answers
     compiled_dir = tmp_path / "report-compiled"
-    compiled = _run(RUN, str(ckpt), "compiled", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(compiled_dir)})
-    _assert_close(_result(compiled), _result(off))  # Inductor rounds vLLM's other ops differently: not bit-equal
-    _assert_close(_result(on), _result(off))
+    compiled = run_script(RUN, str(ckpt), "compiled", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(compiled_dir)})
+    _assert_close(result_json(compiled), result_json(off))  # Inductor rounds vLLM's other ops differently: not bit-equal
+    _assert_close(result_json(on), result_json(off))
 
     proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(report_dir), "--json"],
                           capture_output=True, text=True, check=True)

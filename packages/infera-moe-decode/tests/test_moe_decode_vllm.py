@@ -10,6 +10,8 @@ import sys
 import pytest
 import torch
 
+from infera_vllm.testing import run_script
+
 pytestmark = pytest.mark.interpret
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
@@ -50,12 +52,6 @@ if __name__ == "__main__":
 """
 
 
-def _run(script, *args, env):
-    """Run a script in its own process (vLLM spawns more); its stdout, or the failure's tail."""
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout
 
 
 def _report(report_dir):
@@ -73,15 +69,15 @@ def checkpoint_and_baseline(tmp_path_factory):
     """The tiny checkpoint and its plugin-off, one-worker outputs (the reference for both tests)."""
     tmp = tmp_path_factory.mktemp("qwen3-moe")
     ckpt = tmp / "qwen3-moe-tiny"
-    _run(MAKE, str(ckpt), env={})
-    off = _run(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(tmp / "off")})
+    run_script(MAKE, str(ckpt), env={})
+    off = run_script(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(tmp / "off")})
     return ckpt, _tokens(off)
 
 
 def test_tiny_qwen3_moe_on_vs_off(tmp_path, checkpoint_and_baseline):
     ckpt, baseline = checkpoint_and_baseline
     on_dir = tmp_path / "report-on"
-    on = _tokens(_run(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(on_dir)}))
+    on = _tokens(run_script(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(on_dir)}))
     pairs = [(a, b) for ra, rb in zip(on, baseline) for a, b in zip(ra, rb)]
     assert all(a[0] == b[0] for a, b in pairs), (on, baseline)  # greedy tokens identical
     assert max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, (on, baseline)  # logprobs: bf16 roundings only
@@ -106,9 +102,9 @@ def test_tensor_parallel_two_workers(tmp_path, checkpoint_and_baseline):
     ckpt, baseline = checkpoint_and_baseline
     report_dir = tmp_path / "report-tp2"
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank
-    tp2 = _tokens(_run(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(report_dir),
+    tp2 = _tokens(run_script(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(report_dir),
                                                  **bind}))
-    tp2_off = _tokens(_run(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind,
+    tp2_off = _tokens(run_script(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind,
                                                      "INFERA_VLLM_REPORT_DIR": str(tmp_path / "off-tp2")}))
     pairs = [(a, b) for ra, rb in zip(tp2, tp2_off) for a, b in zip(ra, rb)]
     assert all(a[0] == b[0] for a, b in pairs) and max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, (tp2, tp2_off)

@@ -65,3 +65,19 @@ class OpWheelContract:
             assert verdict.active, verdict.line()
         else:
             assert verdict.decline is not None and verdict.decline.code == self.expected_decline, verdict.line()
+
+
+def run_script(script: str, *args: str, env: dict[str, str]) -> str:
+    """Run a Python script in a fresh interpreter (vLLM spawns more processes from it), with ``env`` over this
+    process's environment; its stdout, or an AssertionError carrying the failure's tail."""
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+def result_json(stdout: str, tag: str = "RESULT"):
+    """The JSON a script printed after ``tag`` on its last such line (vLLM may log after it)."""
+    return json.loads(stdout.split(tag)[-1].splitlines()[0])

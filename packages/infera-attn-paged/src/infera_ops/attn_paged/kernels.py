@@ -35,6 +35,50 @@ def _softcap(s, cap):
 
 
 @triton.jit
+def _paged_kv(k_head_ptr, v_head_ptr, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row_ptr, n, n_ok,
+              d, d_ok, PAGE: tl.constexpr):
+    """The [BLOCK_N, BLOCK_D] keys and values of positions ``n`` (one KV head), gathered through the
+    sequence's block-table row: position n lives at slot n % PAGE of physical block bt_row[n // PAGE]."""
+    blk = tl.load(bt_row_ptr + n // PAGE, mask=n_ok, other=0).to(tl.int64)
+    pos = (n % PAGE).to(tl.int64)
+    ok = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_head_ptr + blk[:, None] * k_block_stride + pos[:, None] * k_pos_stride + d[None, :], mask=ok, other=0.0)
+    v = tl.load(v_head_ptr + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :], mask=ok, other=0.0)
+    return k, v
+
+
+@triton.jit
+def _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP: tl.constexpr,
+                 FP32_DOT: tl.constexpr):
+    """One online-softmax step over a K/V tile: (m, l, acc) after adding the ``visible`` keys of this tile.
+
+    Logits in the exp2 domain (``qk_scale`` holds log2 e unless a soft-cap is applied first). A row that has
+    seen no visible key yet keeps m = -inf; its exponentials use 0 as the maximum, so no NaN arises."""
+    qk = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], tl.float32), FP32_DOT) * qk_scale
+    if HAS_SOFTCAP:
+        qk = _softcap(qk, softcap) * 1.4426950408889634
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_use)
+    p = tl.exp2(qk - m_use[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+    return m_new, l, acc
+
+
+@triton.jit
+def _with_sinks(acc, l, m, sinks_ptr, heads, ok):
+    """(acc, l) with each row's sink logit added to the softmax denominator (no value), rescaled to the
+    larger of the running maximum and the sink."""
+    sink = tl.load(sinks_ptr + heads, mask=ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+    m_all = tl.maximum(m, sink)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
+    scale = tl.exp2(m - m_all)
+    return acc * scale[:, None], l * scale + tl.exp2(sink - m_all)
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, Hq, D], unit stride along D
     q_seq_stride,
@@ -104,23 +148,9 @@ def _paged_decode_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < hi
-        blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        pos = (n % PAGE).to(tl.int64)
-        kv_ok = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_head + blk[:, None] * k_block_stride + pos[:, None] * k_pos_stride + d[None, :],
-                    mask=kv_ok, other=0.0)
-        qk = _dot(q, tl.trans(k), tl.zeros([BLOCK_G, BLOCK_N], tl.float32), FP32_DOT) * qk_scale
-        if HAS_SOFTCAP:
-            qk = _softcap(qk, softcap) * 1.4426950408889634
-        qk = tl.where(n_ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :],
-                    mask=kv_ok, other=0.0)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
-        m = m_new
+        k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n, n_ok,
+                         d, d_ok, PAGE)
+        m, l, acc = _attend_tile(q, k, v, n_ok[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT)
 
     if SPLIT:
         # empty slice: l = 0, lse = -inf, and the reduce gives it weight 0 without reading its output
@@ -131,10 +161,7 @@ def _paged_decode_kernel(
                  mask=g_ok[:, None] & d_ok[None, :] & (l > 0)[:, None])
     else:
         if HAS_SINKS:
-            sink = tl.load(sinks_ptr + heads, mask=g_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
-            m_all = tl.maximum(m, sink)
-            acc = acc * tl.exp2(m - m_all)[:, None]
-            l = l * tl.exp2(m - m_all) + tl.exp2(sink - m_all)
+            acc, l = _with_sinks(acc, l, m, sinks_ptr, heads, g_ok)
         o = acc / tl.where(l > 0, l, 1.0)[:, None]  # a sequence with no keys (padding) gets zeros
         tl.store(out_ptr + b * out_seq_stride + heads[:, None] * out_head_stride + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])

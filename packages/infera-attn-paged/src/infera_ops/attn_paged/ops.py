@@ -63,6 +63,16 @@ class Workspace:
         return batch * num_heads * splits * head_size <= self.out.numel() and splits <= self.max_splits
 
 
+def _check(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int]:
+    """(block size, KV heads) of caches that match q; a clear error otherwise."""
+    _, page, Hkv, D = key_cache.shape
+    if q.shape[-1] != D or value_cache.shape != key_cache.shape or q.shape[1] % Hkv:
+        raise ValueError(f"q {tuple(q.shape)} does not match the caches {tuple(key_cache.shape)}")
+    if q.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("q and the caches need unit stride along the head dimension")
+    return page, Hkv
+
+
 def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                  sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
@@ -76,11 +86,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     softcap > 0 caps the logits. Writes and returns ``out`` ``[B, Hq, D]``.
     """
     B, Hq, D = q.shape
-    _, page, Hkv, Dk = key_cache.shape
-    if Dk != D or value_cache.shape != key_cache.shape or Hq % Hkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match the caches {tuple(key_cache.shape)}")
-    if q.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
-        raise ValueError("q and the caches need unit stride along the head dimension")
+    page, Hkv = _check(q, key_cache, value_cache)
     if out is None:
         out = torch.empty_like(q)
     if B == 0:
@@ -133,11 +139,7 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     The new tokens' keys and values must already be in the cache. Writes and returns ``out`` ``[T, Hq, D]``.
     """
     T, Hq, D = q.shape
-    _, page, Hkv, Dk = key_cache.shape
-    if Dk != D or value_cache.shape != key_cache.shape or Hq % Hkv:
-        raise ValueError(f"q {tuple(q.shape)} does not match the caches {tuple(key_cache.shape)}")
-    if q.stride(-1) != 1 or key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
-        raise ValueError("q and the caches need unit stride along the head dimension")
+    page, Hkv = _check(q, key_cache, value_cache)
     if out is None:
         out = torch.empty_like(q)
     R = seq_lens.shape[0]

@@ -20,8 +20,7 @@ are all masked in a tile (sliding windows) keep a safe maximum so no NaN arises.
 import triton
 import triton.language as tl
 
-from infera_ops.attn_paged.kernels import _softcap
-from infera_vllm.triton_dot import dot as _dot
+from infera_ops.attn_paged.kernels import _attend_tile, _paged_kv, _with_sinks
 
 
 @triton.jit
@@ -113,34 +112,15 @@ def _paged_prefill_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < hi
-        blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        kv_pos = (n % PAGE).to(tl.int64)
-        kv_ok = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_head + blk[:, None] * k_block_stride + kv_pos[:, None] * k_pos_stride + d[None, :],
-                    mask=kv_ok, other=0.0)
-        qk = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), FP32_DOT) * qk_scale
-        if HAS_SOFTCAP:
-            qk = _softcap(qk, softcap) * 1.4426950408889634
-        see = n_ok[None, :] & (n[None, :] <= pos[:, None])
+        k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n, n_ok,
+                         d, d_ok, PAGE)
+        visible = n_ok[None, :] & (n[None, :] <= pos[:, None])  # causal
         if HAS_WINDOW:
-            see = see & (n[None, :] >= pos[:, None] - window_left)
-        qk = tl.where(see, qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key in this tile yet
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(qk - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + blk[:, None] * v_block_stride + kv_pos[:, None] * v_pos_stride + d[None, :],
-                    mask=kv_ok, other=0.0)
-        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
-        m = m_new
+            visible = visible & (n[None, :] >= pos[:, None] - window_left)
+        m, l, acc = _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT)
 
     if HAS_SINKS:
-        sink = tl.load(sinks_ptr + heads, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634
-        m_all = tl.maximum(m, sink)
-        m_all = tl.where(m_all == float("-inf"), 0.0, m_all)
-        acc = acc * tl.exp2(m - m_all)[:, None]
-        l = l * tl.exp2(m - m_all) + tl.exp2(sink - m_all)
+        acc, l = _with_sinks(acc, l, m, sinks_ptr, heads, row_ok)
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + q_off[:, None] * out_tok_stride + heads[:, None] * out_head_stride + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
