@@ -4,9 +4,7 @@
 # table + JSON + PNG into $OUT). BENCH_SWEEP=1 adds the launch-config x splits sweep (bounded by
 # BENCH_SWEEP_BUDGET_S, default 180 s; raise BENCH_TIMEOUT with it); BENCH_L2=warm times on one KV copy.
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
+source "$(dirname "$0")/_env.sh"
 python3 -m pytest -q -p no:cacheprovider packages/infera-attn-paged/tests -m "not e2e" 2>&1 | tail -25 > "$OUT/pytest_attn_paged_sm90.txt"
 tail -3 "$OUT/pytest_attn_paged_sm90.txt"
 BENCH_OUT="$OUT" timeout "${BENCH_TIMEOUT:-400}" python3 benchmarks/bench_attn_paged.py 2>&1 | tee "$OUT/bench_attn_paged.log" | grep -v -E "^(INFO|WARNING)"

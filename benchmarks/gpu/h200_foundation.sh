@@ -6,12 +6,10 @@
 #   infera-vllm report over the plugin-on run's processes.
 # Everything lands flat in $OUT (the device tool brings back at most 8 files).
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/_env.sh"
 OUT=${OUT:?set OUT}
 MODEL=${MODEL:-/tmp/models/smollm2-135m}
 PRESET=${PRESET:-h200}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
 {
   python3 -m infera_vllm doctor > "$OUT/doctor.txt" 2>&1; echo "doctor exit $?" >> "$OUT/doctor.txt"
   python3 -m infera_vllm doctor --json > "$OUT/doctor.json" 2>/dev/null

@@ -5,9 +5,7 @@
 # $OUT/sm90.json and /tmp/sm90_linear.json; E2E=1: that model (dummy weights) served plugin off vs the linear op
 # alone with that table (benchmarks/e2e_parallel.py --preset h200-linear).
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
+source "$(dirname "$0")/_env.sh"
 if [[ "${BENCH:-1}" == 1 ]]; then
   timeout 60 python3 -m pytest -q -p no:cacheprovider packages/infera-linear-hipblaslt/tests -k "kernels" 2>&1 | tail -5 > "$OUT/pytest_linear_sm90.txt"
   tail -2 "$OUT/pytest_linear_sm90.txt"

@@ -3,9 +3,7 @@
 # the tuning sweep first (writes $OUT/sm90.json, copied to /tmp/sm90.json for a later e2e call on the same
 # machine); then the kernels vs vLLM's fused_experts (benchmarks/bench_moe_decode.py) with that tuning.
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
+source "$(dirname "$0")/_env.sh"
 python3 -m pytest -q -p no:cacheprovider packages/infera-moe-decode/tests -k "not vllm" 2>&1 | tail -25 > "$OUT/pytest_moe_decode_sm90.txt"
 tail -3 "$OUT/pytest_moe_decode_sm90.txt"
 if [[ "${TUNE:-0}" == 1 ]]; then

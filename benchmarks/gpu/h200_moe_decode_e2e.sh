@@ -3,9 +3,7 @@
 # on vs off (benchmarks/e2e_moe_decode.py). Tuning: $TUNING, default /tmp/sm90.json from h200_moe_decode.sh TUNE=1
 # on the same machine, else the package's tuning/sm90.json.
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
+source "$(dirname "$0")/_env.sh"
 TUNING=${TUNING:-/tmp/sm90.json}
 [[ -f "$TUNING" ]] && export INFERA_MOE_DECODE_TUNING="$TUNING"
 timeout ${E2E_TIMEOUT:-560} python3 benchmarks/e2e_moe_decode.py --preset h200 --rounds ${ROUNDS:-1} --out "$OUT" 2>&1 \

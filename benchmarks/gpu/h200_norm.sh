@@ -2,8 +2,6 @@
 # On the GPU machine after the vLLM 0.26.0 staging: infera-norm's tests on the GPU (kernels at real
 # sizes, the provider through vLLM 0.26's IR), then its kernels vs vllm_c vs compiled native.
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
+source "$(dirname "$0")/_env.sh"
 python3 -m pytest -q -p no:cacheprovider packages/infera-norm/tests 2>&1 | tail -25 > "$OUT/pytest_norm_sm90.txt"; tail -3 "$OUT/pytest_norm_sm90.txt"
 BENCH_OUT="$OUT" python3 benchmarks/bench_norm.py 2>&1 | tee "$OUT/bench_norm.log" | grep -v -E "^(INFO|WARNING)"

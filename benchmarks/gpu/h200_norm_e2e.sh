@@ -3,10 +3,8 @@
 # plugin off vs infera-norm first in the IR priority (INFERA_VLLM_OPS=norm), runs alternated ROUNDS times;
 # then the coverage report of the first plugin-on run (which provider the compiled graph took, counted).
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/_env.sh"
 MODEL=${MODEL:-/tmp/models/smollm2-135m}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
 {
   python3 benchmarks/e2e_smollm2.py --preset h200-norm --rounds "${ROUNDS:-2}" --model "$MODEL" --out "$OUT" --work /tmp/e2e-work
   first_on=$(ls -d /tmp/e2e-work/report-on-norm* | head -1)

@@ -3,10 +3,8 @@
 # (benchmarks/norm_numerics.py), then SmolLM2 end to end with compiled native (vLLM's default), vllm_c
 # and infera first, each against the first: how far vLLM's own providers disagree, beside infera.
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/_env.sh"
 MODEL=${MODEL:-/tmp/models/smollm2-135m}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
 python3 -m pytest -q -p no:cacheprovider packages/infera-norm/tests/test_norm_seam.py -k symbolic 2>&1 | tail -3 | tee "$OUT/pytest_norm_symbolic_sm90.txt"
 BENCH_OUT="$OUT" python3 benchmarks/norm_numerics.py 2>&1 | grep -v -E "^(INFO|WARNING)" | tee "$OUT/norm_numerics.log"
 python3 benchmarks/e2e_smollm2.py --preset h200-norm-numerics --model "$MODEL" --out "$OUT" --work /tmp/e2e-num 2>&1 \

@@ -4,10 +4,8 @@
 # PRESET=h200x2-random: a Qwen3-8B-shaped random checkpoint at TP=1 and TP=2 (same model at both sizes).
 # Then `infera-vllm doctor` once per GPU (CUDA_VISIBLE_DEVICES=0 and 1): the verdicts each rank's process would see.
 set -uo pipefail
-export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export INFERA_COMMIT=${INFERA_COMMIT:-$(cat dist/COMMIT 2>/dev/null || echo unknown)}
+source "$(dirname "$0")/_env.sh"
 PRESET=${PRESET:-h200x2}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site dist/*.whl 2>&1 | grep -v WARNING
 nvidia-smi --query-gpu=index,name,memory.used --format=csv
 mkdir -p /tmp/doctor-model && python3 -c "
 import json, sys; sys.path.insert(0, 'benchmarks'); from e2e_parallel import MODELS
