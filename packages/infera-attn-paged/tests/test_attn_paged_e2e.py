@@ -37,7 +37,7 @@ from vllm import LLM, SamplingParams
 
 def main():
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=256,
-              seed=0, gpu_memory_utilization=0.2)
+              seed=0, gpu_memory_utilization=0.2, tensor_parallel_size=int(sys.argv[2]))
     # 3 prompts of 20-38 tokens (prefill, ragged), then 8 decode steps each
     prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 200 + 1 for j in range(20 + 9 * i)]} for i in range(3)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=1, detokenize=False),
@@ -52,20 +52,52 @@ if __name__ == "__main__":
 
 
 
-def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(tmp_path):
-    model = str(tmp_path / "tiny-llama")
-    run_script(MAKE, model, env={})
-    on = result_json(run_script(RUN, model, env={"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_CPU_SLOT": "1",
-                                                 "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
-    off = result_json(run_script(RUN, model, env={"INFERA_VLLM_OPS_DISABLE": "1"}))
+ON = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_CPU_SLOT": "1"}
+
+
+def _counts(report_dir):
+    counts = []
+    for path in glob.glob(os.path.join(report_dir, "*.json")):
+        with open(path) as f:
+            doc = json.load(f)
+        counts += [dict(c, process=doc["process"]["name"]) for c in doc["counts"] if c["op"] == "attn-paged"]
+    return counts
+
+
+def _assert_agree(on, off):
     assert [[t for t, _ in seq] for seq in on] == [[t for t, _ in seq] for seq in off]
     worst = max(abs(a - b) for s_on, s_off in zip(on, off) for (_, a), (_, b) in zip(s_on, s_off))
     assert worst < 0.05, worst  # bf16 attention in two kernels: log-probs agree closely
-    counts = []
-    for path in glob.glob(str(tmp_path / "on" / "*.json")):
-        counts += [c for c in json.load(open(path))["counts"] if c["op"] == "attn-paged"]
-    routes = {(c["route"], c["reason"]) for c in counts}
-    assert routes == {("kernel", "")}, counts  # nothing fell back
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("tiny-llama"))
+    run_script(MAKE, path, env={})
+    return path
+
+
+def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(model, tmp_path):
+    on = result_json(run_script(RUN, model, "1", env={**ON, "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
+    off = result_json(run_script(RUN, model, "1", env={"INFERA_VLLM_OPS_DISABLE": "1"}))
+    _assert_agree(on, off)
+    counts = _counts(str(tmp_path / "on"))
+    assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, counts  # nothing fell back
     buckets = {c["bucket"] for c in counts}
-    assert "3-4" in buckets or "2" in buckets or "1" in buckets  # decode steps (one token per sequence)
-    assert any(b not in ("1", "2", "3-4") for b in buckets)  # a prefill batch (tens of tokens)
+    assert buckets & {"1", "2", "3-4"}  # decode steps (one token per sequence)
+    assert buckets - {"1", "2", "3-4"}  # a prefill batch (tens of tokens)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
+def test_tensor_parallel_two_workers(model, tmp_path):
+    """Issue #7's CPU part for attention: tensor parallel 2 spawns two workers, each holding half the query
+    and KV heads (2 and 1 here); each loads the plugin, puts the backend in its CPU_ATTN slot and runs its
+    heads on the kernels; outputs match tensor parallel 2 with the plugin off."""
+    bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank
+    on = result_json(run_script(RUN, model, "2", env={**ON, **bind, "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
+    off = result_json(run_script(RUN, model, "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind}))
+    _assert_agree(on, off)
+    counts = _counts(str(tmp_path / "on"))
+    assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, counts
+    workers = {c["process"] for c in counts}
+    assert len(workers) == 2 and all("Worker" in w for w in workers), workers  # both ranks ran the kernels

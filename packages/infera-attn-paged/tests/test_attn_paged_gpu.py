@@ -57,8 +57,8 @@ def test_cuda_graph_replays_with_new_lengths():
     lens = torch.ones(B, dtype=torch.int32, device="cuda")  # vLLM captures with seq_lens filled with 1
     q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
-    ws = ops.Workspace(B, Hq, D, "cuda")
     splits = ops.choose_num_splits(B, Hkv, q.device)
+    ws = ops.Workspace(B * splits, Hq, D, "cuda")
     assert splits > 1  # the split path and its reduce are what the graph must hold
     ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=splits, workspace=ws)  # compile outside capture
     graph = torch.cuda.CUDAGraph()

@@ -96,7 +96,7 @@ def test_all_features_together_and_strided_query():
 
 def test_workspace_is_used_and_checked():
     q, k, v, bt, lens = paged_case(2, 8, 2, 64, 16, [50, 70])
-    ws = ops.Workspace(2, 8, 64, DEV, max_splits=4)
+    ws = ops.Workspace(2 * 4, 8, 64, DEV, max_splits=4)  # 2 sequences x 4 slices
     check(q, k, v, bt, lens, num_splits=4, workspace=ws)
     with pytest.raises(ValueError, match="workspace too small"):
         ops.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)

@@ -63,6 +63,17 @@ def test_registered_in_the_custom_slot_and_valid(vllm_config):
     assert cls.get_impl_cls().__name__ == "InferaAttentionImpl"
 
 
+def test_workspace_covers_every_batch_size(vllm_config):
+    """The builder's one workspace holds the partials of every batch size it can see, at its split count."""
+    from infera_ops.attn_paged import ops
+    from infera_ops.attn_paged.backend import workspace_for
+
+    dev = torch.device(DEV)
+    ws = workspace_for(256, 32, 8, 128, dev)
+    assert all(ws.fits(b, 32, 128, ops.choose_num_splits(b, 8, dev)) for b in range(1, 257))
+    assert ws.out.numel() * 4 <= 4 * 2**20  # small: batch x splits stays bounded as batches grow
+
+
 def _impl(**kw):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 

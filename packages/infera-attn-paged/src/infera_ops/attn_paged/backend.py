@@ -35,9 +35,9 @@ def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torc
 
 def workspace_for(max_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, device) -> ops.Workspace:
     """The decode workspace for every batch size up to ``max_seqs``: slices shrink as the batch grows, so
-    the largest batch x slices product over that range bounds it (a few MiB, not max_seqs x MAX_SPLITS)."""
+    the largest batch x slices product over that range bounds it (about a MiB, not max_seqs x MAX_SPLITS)."""
     rows = max(b * ops.choose_num_splits(b, num_kv_heads, device) for b in range(1, max_seqs + 1))
-    return ops.Workspace(rows, num_heads, head_size, device, max_splits=ops.MAX_SPLITS)
+    return ops.Workspace(rows, num_heads, head_size, device)
 
 
 class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):

@@ -52,15 +52,16 @@ def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device, max_s
 
 
 class Workspace:
-    """fp32 partial outputs and log-sum-exps for up to ``max_batch`` sequences, reused by every layer."""
+    """fp32 partial outputs and log-sum-exps for up to ``max_rows`` (sequence, slice) pairs, reused by every
+    layer: a decode batch of B sequences in S slices needs B·S rows."""
 
-    def __init__(self, max_batch: int, num_heads: int, head_size: int, device, max_splits: int = MAX_SPLITS):
-        self.max_batch, self.num_heads, self.head_size, self.max_splits = max_batch, num_heads, head_size, max_splits
-        self.out = torch.empty(max_batch * num_heads * max_splits * head_size, dtype=torch.float32, device=device)
-        self.lse = torch.empty(max_batch * num_heads * max_splits, dtype=torch.float32, device=device)
+    def __init__(self, max_rows: int, num_heads: int, head_size: int, device, max_splits: int = MAX_SPLITS):
+        self.max_rows, self.num_heads, self.head_size, self.max_splits = max_rows, num_heads, head_size, max_splits
+        self.out = torch.empty(max_rows * num_heads * head_size, dtype=torch.float32, device=device)
+        self.lse = torch.empty(max_rows * num_heads, dtype=torch.float32, device=device)
 
     def fits(self, batch: int, num_heads: int, head_size: int, splits: int) -> bool:
-        return batch * num_heads * splits * head_size <= self.out.numel() and splits <= self.max_splits
+        return batch * splits * num_heads * head_size <= self.out.numel() and splits <= self.max_splits
 
 
 def _check(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int]:
@@ -99,7 +100,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
                   HAS_WINDOW=window_left >= 0, FP32_DOT=triton_dot.fp32_dot())
     if splits > 1:
         if workspace is None:
-            workspace = Workspace(B, Hq, D, q.device, max_splits=splits)
+            workspace = Workspace(B * splits, Hq, D, q.device, max_splits=splits)
         if not workspace.fits(B, Hq, D, splits):
             raise ValueError(f"workspace too small for batch {B} x {Hq} heads x {splits} splits")
         part_out, part_lse = workspace.out, workspace.lse

@@ -17,6 +17,11 @@ SPEC = OpSpec(
         Symbol(_TRITON, "TritonAttentionBackend"),
         Symbol(_TRITON, "TritonAttentionImpl.forward",
                params=("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output")),
+        Symbol(_TRITON, "TritonAttentionImpl.do_kv_cache_update",
+               params=("layer", "key", "value", "kv_cache", "slot_mapping")),
+        Symbol(_TRITON, "TritonAttentionMetadataBuilder.__init__",
+               params=("kv_cache_spec", "layer_names", "vllm_config", "device")),
+        Symbol(_TRITON, "TritonAttentionMetadataBuilder.build", params=("common_prefix_len", "common_attn_metadata")),
         # The KV-cache layout interface changed: a shape function up to 0.26, layouts from 0.32 on.
         Symbol(_TRITON, "TritonAttentionBackend.get_kv_cache_shape", vllm="<0.27"),
         Symbol(_TRITON, "TritonAttentionBackend.supported_kv_cache_layouts", vllm=">=0.32"),
