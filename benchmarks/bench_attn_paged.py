@@ -237,7 +237,8 @@ def make_ours(ops, case: Case, sinks=None, *, num_splits=None, config=None) -> I
     splits = num_splits or ops.choose_num_splits(case.B, case.Hkv, case.device)
     cfg = config or ops.launch_config(case.D)
     # preallocated as vLLM's metadata builder does: nothing is allocated during graph capture
-    ws = ops.Workspace(case.B, case.Hq, case.D, case.device, max_splits=max(splits, 1))
+    # (Workspace rows are (sequence, slice) pairs: B·splits)
+    ws = ops.Workspace(case.B * max(splits, 1), case.Hq, case.D, case.device, max_splits=max(splits, 1))
     out = torch.empty_like(case.q)
 
     def run(i: int) -> None:
@@ -257,46 +258,50 @@ def fa3_status() -> tuple[bool, str | None]:
     return True, None
 
 
-def fa3_scheduler_kwargs(case: Case) -> dict:
-    """FlashAttentionMetadataBuilder.build -> schedule() -> get_scheduler_metadata, for a uniform decode batch
-    under full CUDA graphs (num_splits = max_num_splits; window (-1, -1); no softcap argument)."""
-    return dict(batch_size=case.B, max_seqlen_q=1, max_seqlen_k=case.ctx, num_heads_q=case.Hq,
+def fa3_scheduler_kwargs(case, *, max_seqlen_q: int = 1, num_splits: int = FA3_MAX_NUM_SPLITS) -> dict:
+    """FlashAttentionMetadataBuilder.build -> schedule() -> get_scheduler_metadata (window (-1, -1); no softcap
+    argument). Defaults: a uniform decode batch under full CUDA graphs (num_splits = max_num_splits); the
+    prefill section passes max_seqlen_q = the longest query and num_splits = fa3_builder_num_splits(T).
+    ``case.B`` is the number of requests, ``case.ctx`` the longest sequence (max_seq_len)."""
+    return dict(batch_size=case.B, max_seqlen_q=max_seqlen_q, max_seqlen_k=case.ctx, num_heads_q=case.Hq,
                 num_heads_kv=case.Hkv, headdim=case.D, cache_seqlens=case.seq_lens, qkv_dtype=case.q.dtype,
                 cu_seqlens_q=case.cu_seqlens_q, page_size=case.keys[0].shape[1], causal=True,
-                window_size=(-1, -1), num_splits=FA3_MAX_NUM_SPLITS)
+                window_size=(-1, -1), num_splits=num_splits)
 
 
-def fa3_call_kwargs(case: Case, i: int, out, scheduler_metadata, descales, s_aux) -> dict:
+def fa3_call_kwargs(case, i: int, out, scheduler_metadata, descales, s_aux, *, max_seqlen_q: int = 1,
+                    num_splits: int = FA3_MAX_NUM_SPLITS) -> dict:
     """FlashAttentionImpl.forward's flash_attn_varlen_func call (no cascade, no DCP)."""
     q_descale, k_descale, v_descale = descales
     return dict(q=case.q, k=case.keys[i], v=case.values[i], out=out, cu_seqlens_q=case.cu_seqlens_q,
-                max_seqlen_q=1, seqused_k=case.seq_lens, max_seqlen_k=case.ctx, softmax_scale=case.scale,
+                max_seqlen_q=max_seqlen_q, seqused_k=case.seq_lens, max_seqlen_k=case.ctx, softmax_scale=case.scale,
                 causal=True, alibi_slopes=None, window_size=[-1, -1], block_table=case.block_table, softcap=0,
                 scheduler_metadata=scheduler_metadata, fa_version=3, q_descale=q_descale, k_descale=k_descale,
-                v_descale=v_descale, num_splits=FA3_MAX_NUM_SPLITS, s_aux=s_aux)
+                v_descale=v_descale, num_splits=num_splits, s_aux=s_aux)
 
 
-def unit_scales(case: Case):
+def unit_scales(case):
     """layer._q_scale / _k_scale / _v_scale (0-dim fp32 ones) expanded to (num_seqs, Hkv) as forward does."""
     shape = (case.cu_seqlens_q.shape[0] - 1, case.keys[0].shape[2])
     return tuple(torch.tensor(1.0, dtype=torch.float32, device=case.device).expand(shape) for _ in range(3))
 
 
-def make_fa3(case: Case, sinks=None) -> Impl:
+def make_fa3(case, sinks=None, *, max_seqlen_q: int = 1, num_splits: int = FA3_MAX_NUM_SPLITS) -> Impl:
     from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
 
-    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(case))
+    lens = dict(max_seqlen_q=max_seqlen_q, num_splits=num_splits)
+    sched = get_scheduler_metadata(**fa3_scheduler_kwargs(case, **lens))
     descales = unit_scales(case)
     s_aux = sinks.to(torch.bfloat16).contiguous() if sinks is not None else None  # FA3 checks bf16 s_aux
     out = torch.empty_like(case.q)
 
     def run(i: int) -> None:
-        flash_attn_varlen_func(**fa3_call_kwargs(case, i, out, sched, descales, s_aux))
+        flash_attn_varlen_func(**fa3_call_kwargs(case, i, out, sched, descales, s_aux, **lens))
 
-    return Impl(run, out, {"num_splits": FA3_MAX_NUM_SPLITS, "scheduler_metadata": int(sched.numel())})
+    return Impl(run, out, {"num_splits": num_splits, "scheduler_metadata": int(sched.numel())})
 
 
-def triton_buffers(case: Case) -> dict:
+def triton_buffers(case) -> dict:
     """TritonAttentionMetadataBuilder.__init__: seq_threshold_3D = MIN_LAUNCH_GRID_SIZE_2D // Hkv (vLLM snaps it
     to the nearest CUDA-graph capture size; not here) and the 3D kernel's fp32 segment buffers."""
     import triton
@@ -310,10 +315,11 @@ def triton_buffers(case: Case) -> dict:
                 softmax_segm_expsum=torch.empty(thr, case.Hq, segs, **f32))
 
 
-def triton_call_kwargs(case: Case, i: int, out, buffers: dict, k_descale, v_descale, sinks) -> dict:
+def triton_call_kwargs(case, i: int, out, buffers: dict, k_descale, v_descale, sinks, *,
+                       max_seqlen_q: int = 1) -> dict:
     """TritonAttentionImpl.forward's unified_attention call (bf16 cache: q_descale None, no fp8, no TD)."""
     return dict(q=case.q, k=case.keys[i], v=case.values[i], out=out, cu_seqlens_q=case.cu_seqlens_q,
-                max_seqlen_q=1, seqused_k=case.seq_lens, max_seqlen_k=case.ctx, softmax_scale=case.scale,
+                max_seqlen_q=max_seqlen_q, seqused_k=case.seq_lens, max_seqlen_k=case.ctx, softmax_scale=case.scale,
                 causal=True, alibi_slopes=None, use_alibi_sqrt=False, window_size=(-1, -1),
                 block_table=case.block_table, softcap=0, q_descale=None, k_descale=k_descale,
                 v_descale=v_descale, **buffers, sinks=sinks, output_scale=None, mm_prefix_range=None,
@@ -321,7 +327,7 @@ def triton_call_kwargs(case: Case, i: int, out, buffers: dict, k_descale, v_desc
                 mm_prefix_clamp_sliding_window=False)
 
 
-def make_triton(case: Case, sinks=None) -> Impl:
+def make_triton(case, sinks=None, *, max_seqlen_q: int = 1) -> Impl:
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     buffers = triton_buffers(case)
@@ -329,9 +335,11 @@ def make_triton(case: Case, sinks=None) -> Impl:
     out = torch.empty_like(case.q)
 
     def run(i: int) -> None:
-        unified_attention(**triton_call_kwargs(case, i, out, buffers, k_descale, v_descale, sinks))
+        unified_attention(**triton_call_kwargs(case, i, out, buffers, k_descale, v_descale, sinks,
+                                               max_seqlen_q=max_seqlen_q))
 
-    path = "3D" if case.B <= buffers["seq_threshold_3D"] else "2D"
+    # unified_attention: the 3D kernel only for decode-only batches up to the threshold (max_seqlen_q > 1: 2D)
+    path = "3D" if max_seqlen_q == 1 and case.B <= buffers["seq_threshold_3D"] else "2D"
     return Impl(run, out, {"path": path, "seq_threshold_3D": buffers["seq_threshold_3D"]})
 
 
@@ -353,8 +361,11 @@ def graph_us(impl: Impl, copies: int, rep: int) -> float:
     return do_bench_cudagraph(lambda: impl.run(next(order)), rep=rep, return_mode="median") * 1e3
 
 
-def measure(factory, case: Case, ref: torch.Tensor, *, copies: int, rep: int, timed: bool = True) -> dict:
-    """Build, run once eagerly (compiles; checked), time from graph replays, check the replays' output."""
+def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: bool = True, errfn=None,
+            okfn=None) -> dict:
+    """Build, run once eagerly (compiles; checked), time from graph replays, check the replays' output.
+    errfn(out, ref) -> float and okfn(err) -> bool: the check (default max abs error < TOL)."""
+    errfn, okfn = errfn or max_err, okfn or is_ok
     res = {"us": None, "err": None, "err_graph": None, "ok": False, "error": None, "info": {}}
     stage = "setup"
     try:
@@ -365,14 +376,14 @@ def measure(factory, case: Case, ref: torch.Tensor, *, copies: int, rep: int, ti
         impl.run(0)
         if case.device.type == "cuda":
             torch.cuda.synchronize()
-        res["err"] = max_err(impl.out, ref)
-        ok = is_ok(res["err"])
+        res["err"] = errfn(impl.out, ref)
+        ok = okfn(res["err"])
         if timed:
             stage = "graph"
             impl.out.fill_(float("nan"))
             res["us"] = graph_us(impl, copies, rep)
-            res["err_graph"] = max_err(impl.out, ref)
-            ok = ok and is_ok(res["err_graph"])
+            res["err_graph"] = errfn(impl.out, ref)
+            ok = ok and okfn(res["err_graph"])
         res["ok"] = ok
     except Exception as exc:  # noqa: BLE001
         res["error"] = f"{stage}: {short(exc)}"

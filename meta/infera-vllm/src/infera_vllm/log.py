@@ -3,7 +3,8 @@
 vLLM 0.32 configures its logging lazily, after the front-end process has already loaded plugins, so at
 startup the ``vllm`` logger may have no handler yet; Python would then drop INFO lines. Those lines are
 the user's only sign of which ops activated, so until some handler exists they go to stderr. Once a
-handler exists anywhere on the chain (vLLM's, or the user's own), its level is respected.
+handler exists anywhere on the chain (vLLM's, or the user's own), its level is respected. A handler whose
+stream is already closed (at interpreter exit, after a test runner's capture ended) counts as none.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ logger = logging.getLogger("vllm.infera_vllm")
 def _has_handler(log: logging.Logger) -> bool:
     current: logging.Logger | None = log
     while current is not None:
-        if current.handlers:
+        if any(not getattr(getattr(h, "stream", None), "closed", False) for h in current.handlers):
             return True
         if not current.propagate:
             return False
@@ -30,4 +31,7 @@ def info(msg: str, *args: object) -> None:
     if _has_handler(logger):
         logger.info(msg, *args, stacklevel=2)
     else:
-        print(f"(pid {os.getpid()}) INFO {msg % args if args else msg}", file=sys.stderr, flush=True)
+        try:
+            print(f"(pid {os.getpid()}) INFO {msg % args if args else msg}", file=sys.stderr, flush=True)
+        except (ValueError, OSError):  # stderr itself closed: a log line is not worth an error
+            pass
