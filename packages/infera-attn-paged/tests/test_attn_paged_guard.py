@@ -45,6 +45,9 @@ def test_batches():
     assert batch(prefill_on_kernel=False) is None  # decode batches stay on the kernel
     assert batch(extras_present=True) == "mm-prefix-or-rswa"
     assert batch(quantized_output=True) == "output-quant"
+    assert batch(decode=False, causal=False) == "non-causal"
+    assert batch(decode=False, causal=torch.tensor([True, False])) == "non-causal"  # per-request flags
+    assert batch(causal=False) is None  # one decode token sees its whole sequence either way
     assert "prefill-handover" in guard.HANDOVERS
 
 

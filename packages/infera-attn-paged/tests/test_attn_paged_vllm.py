@@ -66,10 +66,10 @@ def test_registered_in_the_custom_slot_and_valid(vllm_config):
 def test_workspace_covers_every_batch_size(vllm_config):
     """The builder's one workspace holds the partials of every batch size it can see, at its split count."""
     from infera_ops.attn_paged import ops
-    from infera_ops.attn_paged.backend import workspace_for
+    from infera_ops.attn_paged.backend import split_table, workspace_for
 
     dev = torch.device(DEV)
-    ws = workspace_for(256, 32, 8, 128, dev)
+    ws = workspace_for(split_table(256, 8, dev), 32, 128, dev)
     assert all(ws.fits(b, 32, 128, ops.choose_num_splits(b, 8, dev)) for b in range(1, 257))
     assert ws.out.numel() * 4 <= 4 * 2**20  # small: batch x splits stays bounded as batches grow
 

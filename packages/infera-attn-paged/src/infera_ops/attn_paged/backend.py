@@ -33,11 +33,15 @@ def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torc
     return kv_cache.transpose(1, 2).split(head_size, dim=-1)
 
 
-def workspace_for(max_seqs: int, num_heads: int, num_kv_heads: int, head_size: int, device) -> ops.Workspace:
-    """The decode workspace for every batch size up to ``max_seqs``: slices shrink as the batch grows, so
-    the largest batch x slices product over that range bounds it (about a MiB, not max_seqs x MAX_SPLITS)."""
-    rows = max(b * ops.choose_num_splits(b, num_kv_heads, device) for b in range(1, max_seqs + 1))
-    return ops.Workspace(rows, num_heads, head_size, device)
+def split_table(max_seqs: int, num_kv_heads: int, device) -> list[int]:
+    """The decode kernel's slice count for each batch size 0..max_seqs (index = batch size)."""
+    return [1] + [ops.choose_num_splits(b, num_kv_heads, device) for b in range(1, max_seqs + 1)]
+
+
+def workspace_for(splits: list[int], num_heads: int, head_size: int, device) -> ops.Workspace:
+    """The decode workspace for every batch size in ``splits``: slices shrink as the batch grows, so the
+    largest batch x slices product bounds it (about a MiB, not max_num_seqs x MAX_SPLITS)."""
+    return ops.Workspace(max(b * s for b, s in enumerate(splits)), num_heads, head_size, device)
 
 
 class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
@@ -46,10 +50,8 @@ class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        max_seqs = vllm_config.scheduler_config.max_num_seqs
-        self.infera_workspace = workspace_for(max_seqs, self.num_heads_q, self.num_heads_kv, self.headdim, device)
-        self._infera_splits = [0] + [ops.choose_num_splits(b, self.num_heads_kv, device)
-                                     for b in range(1, max_seqs + 1)]
+        self._infera_splits = split_table(vllm_config.scheduler_config.max_num_seqs, self.num_heads_kv, device)
+        self.infera_workspace = workspace_for(self._infera_splits, self.num_heads_q, self.headdim, device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -85,7 +87,8 @@ class InferaAttentionImpl(TritonAttentionImpl):
             extras = (getattr(attn_metadata, "mm_prefix_range_tensor", None) is not None
                       or getattr(attn_metadata, "rswa_prefix_lens", None) is not None)
             reason = guard.batch_decline(query, decode, self._infera_prefill, extras,
-                                         output_scale is not None or output_block_scale is not None)
+                                         output_scale is not None or output_block_scale is not None,
+                                         attn_metadata.causal)
             workspace = getattr(attn_metadata, "infera_workspace", None)
             splits = getattr(attn_metadata, "infera_num_splits", 1) if decode else 1
             if reason is None and splits > 1 and (workspace is None or not workspace.fits(

@@ -46,14 +46,18 @@ def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool
 
 
 def batch_decline(query: torch.Tensor, decode: bool, prefill_on_kernel: bool, extras_present: bool,
-                  quantized_output: bool) -> str | None:
-    """None when the kernels serve this batch, else a reason code (decided per batch)."""
+                  quantized_output: bool, causal: object = True) -> str | None:
+    """None when the kernels serve this batch, else a reason code (decided per batch). ``causal`` is vLLM's
+    metadata flag: True, False, or a per-request tensor; the ragged kernel is causal only (a one-token decode
+    query sees its whole sequence either way)."""
     if quantized_output:
         return "output-quant"
     if query.dtype not in DTYPES:
         return "dtype"
     if extras_present:
         return "mm-prefix-or-rswa"  # multimodal bidirectional prefixes, RSWA prefix lengths
+    if not decode and causal is not True:
+        return "non-causal"
     if not decode and not prefill_on_kernel:
         return "prefill-handover"  # INFERA_ATTN_PAGED_PREFILL=0: vLLM's Triton kernel serves prefill
     return None
