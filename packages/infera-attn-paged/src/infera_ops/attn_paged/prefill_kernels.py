@@ -26,7 +26,7 @@ from infera_ops.attn_paged.kernels import _attend_tile, _paged_kv, _with_sinks
 @triton.jit
 def _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q: tl.constexpr):
     """The request r whose q-blocks hold program ``pid``: the last r with start_r // BLOCK_Q + r <= pid."""
-    left = 0
+    left: tl.int32 = 0  # typed, as vLLM's find_seq_idx: a loop-carried value keeps one type when compiled
     right = num_seqs
     while left < right:
         mid = (left + right) // 2
