@@ -28,11 +28,15 @@ class LaunchConfig:
     num_stages: int = 2
 
 
+# Defaults chosen so that ptxas reports no register spills for sm90 (compiled ahead of time with Triton 3.9,
+# `ptxas -v`; see docs/operators/attn-paged.md): the tiles' 64-bit gather addresses, one per element, cost
+# more registers than the data. Decode at D = 128 with 64-key tiles and 4 warps spilled 548 bytes per thread
+# (255 registers); 32-key tiles fit in 255 registers, two programs per SM. D = 64 fits 64-key tiles (230).
+# Not yet swept on a GPU (benchmarks/bench_attn_paged.py BENCH_SWEEP=1 does).
 def launch_config(head_size: int) -> LaunchConfig:
-    # head size 256: a [64, 256] K tile plus V in flight exceeds the register budget of 4 warps; halve the tile
-    if head_size > 128:
-        return LaunchConfig(block_n=32, num_warps=4, num_stages=2)
-    return LaunchConfig()
+    if head_size <= 64:
+        return LaunchConfig(block_n=64, num_warps=4, num_stages=2)
+    return LaunchConfig(block_n=32, num_warps=4, num_stages=2)  # 80 / 96 / 128 (padded to 128) and 256
 
 
 def _sm_count(device: torch.device) -> int:
@@ -42,13 +46,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device, max_splits: int = MAX_SPLITS) -> int:
-    """Slices per sequence so that batch x KV heads x slices fills the GPU; a power of two in [1, max_splits].
+    """Slices per sequence so that batch x KV heads x slices fills one wave of PROGRAMS_PER_SM programs on
+    every SM (rounded down: a second, partial wave would cost a whole program's latency); in [1, max_splits].
 
     Depends on the batch size and head count only, never on context lengths: a CUDA graph captured for one
     batch size replays with any lengths (each slice is sized on the device from the sequence's length)."""
-    programs = batch * num_kv_heads
-    want = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), programs)
-    return max(1, min(max_splits, triton.next_power_of_2(want) if want > 1 else 1))
+    slots = PROGRAMS_PER_SM * _sm_count(device)
+    return max(1, min(max_splits, slots // (batch * num_kv_heads)))
 
 
 class Workspace:
@@ -123,10 +127,12 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
 
 
 def prefill_config(head_size: int, group: int) -> tuple[int, LaunchConfig]:
-    """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel: 64 rows and
-    64-key tiles keep the [BLOCK_M, D] accumulator and both tiles in registers up to D = 128; halved at 256."""
-    block_m = max(16, triton.next_power_of_2(group), 64 if head_size <= 128 else 32)
-    return block_m, LaunchConfig(block_n=64 if head_size <= 128 else 32, num_warps=4, num_stages=2)
+    """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel. Without spills
+    on sm90 (as launch_config): up to D = 128, 128 rows x 64-key tiles on 8 warps (212 registers; 64 rows on
+    4 warps spilled 844 bytes); at D = 256, 32 rows x 16-key tiles on 4 warps (200-232)."""
+    if head_size <= 128:
+        return max(128, triton.next_power_of_2(group)), LaunchConfig(block_n=64, num_warps=8, num_stages=2)
+    return max(32, triton.next_power_of_2(group)), LaunchConfig(block_n=16, num_warps=4, num_stages=2)
 
 
 def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
