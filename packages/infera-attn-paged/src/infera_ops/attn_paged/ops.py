@@ -1,5 +1,6 @@
 """Launchers of the paged decode (kernels.py) and ragged prefill (prefill_kernels.py) kernels: split choice,
 launch sizes, the fp32 workspace.
+
 Capture-safe: no host synchronisation, no allocation when a :class:`Workspace` is passed (vLLM's metadata
 builder owns one per device), grid sizes from shapes and the batch size only.
 """
