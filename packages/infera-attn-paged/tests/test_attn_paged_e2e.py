@@ -1,6 +1,6 @@
 """The backend serving a model end to end in the real vLLM 0.32 CPU engine, every attention call on the
 kernels under Triton's interpreter: a tiny random-weight Llama (GQA, written here) generated with the
-backend in vLLM's CPU_ATTN slot (``INFERA_ATTN_PAGED_CPU_SLOT=1``, the CPU platform ignores
+backend as the platform's automatic choice (``INFERA_ATTN_PAGED_DEFAULT=1``; the CPU platform ignores
 ``--attention-backend``) and with the plugin off (vLLM's CPU attention). Prefill and decode both reach the
 kernels (the report counts them in the worker), and the outputs agree."""
 
@@ -52,7 +52,7 @@ if __name__ == "__main__":
 
 
 
-ON = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_CPU_SLOT": "1"}
+ON = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1"}
 
 
 def _counts(report_dir):
@@ -91,8 +91,8 @@ def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(model, tmp_path):
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
 def test_tensor_parallel_two_workers(model, tmp_path):
     """Issue #7's CPU part for attention: tensor parallel 2 spawns two workers, each holding half the query
-    and KV heads (2 and 1 here); each loads the plugin, puts the backend in its CPU_ATTN slot and runs its
-    heads on the kernels; outputs match tensor parallel 2 with the plugin off."""
+    and KV heads (2 and 1 here); each loads the plugin, makes the backend its default and runs its heads on
+    the kernels; outputs match tensor parallel 2 with the plugin off."""
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank
     on = result_json(run_script(RUN, model, "2", env={**ON, **bind, "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
     off = result_json(run_script(RUN, model, "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind}))

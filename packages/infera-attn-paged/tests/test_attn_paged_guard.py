@@ -68,6 +68,13 @@ def test_prefill_switch(monkeypatch):
     monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "maybe")
     with pytest.raises(ValueError, match="must be 0 or 1"):
         guard.prefill_on_kernel()
+    monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
+    assert not guard.platform_default()  # off unless asked: no family is validated for it
+    monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "1")
+    assert guard.platform_default()
+    monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "yes")
+    with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_DEFAULT must be 0 or 1"):
+        guard.platform_default()
 
 
 def test_doctor_plan_per_layer():

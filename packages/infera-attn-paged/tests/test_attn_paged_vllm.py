@@ -221,3 +221,34 @@ def test_prefill_handover_goes_to_vllms_triton_attention(vllm_config, monkeypatc
     after = _counts()
     assert sum(n for k, n in after.items() if k[:2] == ("handover", "prefill-handover")) == \
         sum(n for k, n in before.items() if k[:2] == ("handover", "prefill-handover")) + 1
+
+
+PLATFORM_DEFAULT = r"""
+import json, os, torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.platforms import current_platform
+from vllm.v1.attention.selector import AttentionSelectorConfig
+import inspect
+fields = inspect.signature(AttentionSelectorConfig).parameters
+base = dict(head_size=64, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=False, has_sink=False,
+            use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False, attn_type="decoder")
+def choose(**kw):
+    cfg = AttentionSelectorConfig(**{k: v for k, v in {**base, **kw}.items() if k in fields})
+    return current_platform.get_attn_backend_cls(None, attn_selector_config=cfg, num_heads=8)
+print("RESULT" + json.dumps({"auto": choose(), "bad_head": choose(head_size=8)}))
+"""
+
+
+def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
+    """INFERA_ATTN_PAGED_DEFAULT=1: vLLM's own selector returns the backend when nothing was selected and it
+    validates for the layer; a layer it cannot take (head size 8: Triton's validation refuses) gets vLLM's
+    own choice. Without the switch vLLM's choice is untouched."""
+    from infera_vllm.testing import result_json, run_script
+
+    env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_REPORT_DIR": str(tmp_path)}
+    on = result_json(run_script(PLATFORM_DEFAULT, env={**env, "INFERA_ATTN_PAGED_DEFAULT": "1"}))
+    assert on["auto"] == "infera_ops.attn_paged.backend.InferaAttentionBackend"
+    assert on["bad_head"] != on["auto"]
+    off = result_json(run_script(PLATFORM_DEFAULT, env=env))
+    assert off["auto"] != on["auto"] and "infera" not in off["auto"]

@@ -16,12 +16,22 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 HANDOVERS = ("prefill-handover",)
 
 
+def _switch(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def prefill_on_kernel() -> bool:
     """``INFERA_ATTN_PAGED_PREFILL``: 1 (default) the ragged kernel serves prefill, 0 vLLM's Triton kernel."""
-    value = os.environ.get("INFERA_ATTN_PAGED_PREFILL", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"INFERA_ATTN_PAGED_PREFILL must be 0 or 1, got {value!r}")
-    return value == "1"
+    return _switch("INFERA_ATTN_PAGED_PREFILL", "1")
+
+
+def platform_default() -> bool:
+    """``INFERA_ATTN_PAGED_DEFAULT``: 1 the backend is vLLM's automatic choice where it validates; 0 (default)
+    only ``--attention-backend CUSTOM`` selects it."""
+    return _switch("INFERA_ATTN_PAGED_DEFAULT", "0")
 
 
 def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,

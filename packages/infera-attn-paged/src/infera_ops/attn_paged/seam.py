@@ -5,13 +5,15 @@ Nothing changes until the user selects it (``--attention-backend CUSTOM``): vLLM
 ``register_backend("NAME", ...)`` exists there: such a member pickles by value and fails to unpickle in
 spawned workers before they load plugins (../shared/notes/vllm-seams.md §2.2); ``CUSTOM`` does not.
 
-Declines on the CPU without ``TRITON_INTERPRET=1`` (``triton-interpreter-off``); with it the backend is
-registered for validation. The CPU platform ignores ``--attention-backend`` and always serves its CPU_ATTN
-slot, so the test switch ``INFERA_ATTN_PAGED_CPU_SLOT=1`` (CPU only, never for serving: the interpreter is
-orders of magnitude slower) puts the backend in that slot, and vLLM's CPU engine runs the kernels end to end.
-"""
+``INFERA_ATTN_PAGED_DEFAULT=1`` makes it the platform's automatic choice (backend.make_platform_default):
+where no backend was selected and it validates for the layer. No GPU family is validated for that by
+measurement yet, so nowhere is it on unless the user sets it.
 
-import os
+Declines on the CPU without ``TRITON_INTERPRET=1`` (``triton-interpreter-off``); with it the backend is
+registered for validation. The CPU platform ignores ``--attention-backend``, so there the default switch is
+the way in (validation only: the interpreter is orders of magnitude slower), and vLLM's CPU engine then
+runs every attention call on the kernels.
+"""
 
 from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
@@ -31,13 +33,17 @@ def activate(ctx) -> Decline | None:
 
     from infera_ops.attn_paged import guard
 
-    guard.prefill_on_kernel()  # a bad INFERA_ATTN_PAGED_PREFILL raises here: activate-error, vLLM unharmed
+    # a bad switch value raises here: the op declines activate-error with the message, vLLM is unharmed
+    guard.prefill_on_kernel()
+    default = guard.platform_default()
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
-    if ctx.env.gpu_family == "cpu" and os.environ.get("INFERA_ATTN_PAGED_CPU_SLOT") == "1":
-        register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND)
-        ctx.state["note"] = "in vLLM's CPU_ATTN slot (INFERA_ATTN_PAGED_CPU_SLOT=1, validation under the interpreter)"
+    if default:
+        from infera_ops.attn_paged import backend
+
+        backend.make_platform_default()
+        ctx.state["note"] = "vLLM's automatic attention choice where it validates (INFERA_ATTN_PAGED_DEFAULT=1), and CUSTOM"
     return None
 
 
