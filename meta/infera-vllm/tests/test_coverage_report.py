@@ -84,3 +84,41 @@ def test_write_report_round_trips_through_merge(tmp_path):
     assert merged["ops"][0]["reason"] == "not-implemented"
     assert merged["counts"][0]["count"] == 2
     assert any("norm: declined (not-implemented: later)" == line for line in coverage.summary_lines())
+
+
+KILLED = r"""
+import multiprocessing, os, signal, sys, time
+from infera_vllm import coverage
+
+coverage.FLUSH_EVERY_S = 0.2
+coverage.configure(report_dir=sys.argv[1], strict=False, context={})
+hit = coverage.counter("norm", "kernel", bucket="1")  # made before the fork, as vLLM's workers inherit them
+
+def killed_after(n):
+    for _ in range(n):
+        hit()
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no finalizer: only the periodic write can have run
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("fork").Process(target=killed_after, args=(5,))
+    child.start()
+    child.join()
+    print("CHILD", child.pid)
+    killed_after(3)
+"""
+
+
+def test_a_killed_process_leaves_its_counts(tmp_path):
+    """vLLM's front end kills an engine core that does not exit within seconds of SIGTERM, and workers can
+    outlive the server: the counts written while the process ran must be there without an exit hook."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr  # the parent killed itself too
+    child = int(proc.stdout.split("CHILD")[1])
+    docs = {json.load(open(p))["process"]["pid"]: json.load(open(p)) for p in tmp_path.glob("*.json")}
+    counts = {pid: sum(c["count"] for c in doc["counts"]) for pid, doc in docs.items()}
+    assert counts[child] == 5  # the forked child's own calls only, written by its own flusher
+    assert sorted(counts.values()) == [3, 5], counts

@@ -64,6 +64,13 @@ def _counts(report_dir):
     return counts
 
 
+def _reports(report_dir):
+    """Each report's process, op verdicts and count total: the message when an assertion on counts fails."""
+    docs = [json.load(open(p)) for p in glob.glob(os.path.join(report_dir, "*.json"))]
+    return [(d["process"]["name"], d["process"]["written"] - d["process"]["started"],
+             {o["op"]: o["status"] for o in d["ops"]}, sum(c["count"] for c in d["counts"])) for d in docs]
+
+
 def _assert_agree(on, off):
     assert [[t for t, _ in seq] for seq in on] == [[t for t, _ in seq] for seq in off]
     worst = max(abs(a - b) for s_on, s_off in zip(on, off) for (_, a), (_, b) in zip(s_on, s_off))
@@ -98,6 +105,6 @@ def test_tensor_parallel_two_workers(model, tmp_path):
     off = result_json(run_script(RUN, model, "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind}))
     _assert_agree(on, off)
     counts = _counts(str(tmp_path / "on"))
-    assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, counts
+    assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, _reports(str(tmp_path / "on"))
     workers = {c["process"] for c in counts}
     assert len(workers) == 2 and all("Worker" in w for w in workers), workers  # both ranks ran the kernels

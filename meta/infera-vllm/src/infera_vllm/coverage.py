@@ -6,8 +6,11 @@ threading is acceptable for a coverage count). Calls that CUDA graphs replay or 
 are not visible at run time; ops count those where they are decided (``at="trace"`` or ``at="plan"``) and
 the report shows the column, so a count there means "decided N times", not "ran N times".
 
-At exit each process writes ``infera-<host>-<pid>.json`` into the report directory; ``infera-vllm report``
-merges them (see docs/report-format.md).
+Each process writes ``infera-<host>-<pid>.json`` into the report directory at startup, every
+``FLUSH_EVERY_S`` seconds while its counts change, and at exit; ``infera-vllm report`` merges them (see
+docs/report-format.md). The periodic write is there because vLLM does not always let a process exit: the
+front end gives the engine core a few seconds after SIGTERM and then kills it, and workers may still be
+shutting down when the server process is gone, so an exit-only report can be missing or late.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -39,6 +43,9 @@ _report_dir: str | None = None
 _started = time.time()
 _exit_hook_installed = False
 _exit_report_written = False
+FLUSH_EVERY_S = 5.0  # a killed process loses at most this much of its counts; a write is one small JSON file
+_write_lock = threading.Lock()
+_flusher_pid: int | None = None  # the process whose flusher thread runs (threads do not survive a fork)
 
 
 class StrictDeclineError(RuntimeError):
@@ -66,6 +73,7 @@ def counter(op: str, route: str, reason: str = "", bucket: str = "", at: str = "
     if route not in ROUTES or at not in AT:
         raise ValueError(f"route must be one of {ROUTES} and at one of {AT}, got {route!r}, {at!r}")
     key = (op, route, str(reason), bucket, at)
+    _ensure_flusher()  # here, where counters are made, not in hit(): the hot path stays one dict update
     if route == FALLBACK and _strict:
 
         def refuse() -> None:
@@ -143,9 +151,10 @@ def snapshot() -> dict[str, object]:
         },
         **_context,
         "ops": sorted(_ops.values(), key=lambda o: str(o["op"])),
+        # a copy: the flusher thread reads while calls are counted (dict() of a dict holds the GIL throughout)
         "counts": [
             {"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at, "count": count}
-            for (op, route, reason, bucket, at), count in sorted(_counts.items())
+            for (op, route, reason, bucket, at), count in sorted(dict(_counts).items())
         ],
     }
 
@@ -158,9 +167,10 @@ def write_report(directory: str | None = None) -> str | None:
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"infera-{socket.gethostname()}-{os.getpid()}.json")
     tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with _write_lock, open(tmp, "w") as f:  # the lock: the flusher and the exit hook share the .tmp name
         json.dump(snapshot(), f, indent=1)
-    os.replace(tmp, path)  # a reader never sees half a file
+        f.close()
+        os.replace(tmp, path)  # a reader never sees half a file
     return path
 
 
@@ -173,6 +183,28 @@ def summary_lines() -> list[str]:
         per_route[k] = per_route.get(k, 0) + count
     lines += [f"{op} {route} x{count} (counted at {at})" for (op, route, at), count in sorted(per_route.items())]
     return lines[:20]
+
+
+def _ensure_flusher() -> None:
+    """Start this process's flusher thread once (again in a forked child: the parent's thread is not there)."""
+    global _flusher_pid
+    if _report_dir is None or _flusher_pid == os.getpid():
+        return
+    _flusher_pid = os.getpid()
+    threading.Thread(target=_flush_while_counting, name="infera-vllm-report", daemon=True).start()
+
+
+def _flush_while_counting() -> None:
+    pid, written = os.getpid(), None
+    while os.getpid() == pid and not _exit_report_written:
+        time.sleep(FLUSH_EVERY_S)
+        now = dict(_counts)
+        if now != written and not _exit_report_written:
+            try:
+                write_report()
+                written = now
+            except Exception:  # a full disk must not take the server down; the exit write will log it
+                pass
 
 
 class _HookOwner:  # register_after_fork keeps its owner by weak reference
@@ -204,10 +236,13 @@ def _at_exit() -> None:
 def _reset_in_child() -> None:
     # A forked worker inherits the parent's counts; its own report must hold only its own calls.
     # Activation verdicts stay: the seams installed in the parent are in the child's memory too.
-    global _started, _exit_report_written
+    global _started, _exit_report_written, _write_lock
     _counts.clear()
     _started = time.time()
     _exit_report_written = False
+    _write_lock = threading.Lock()  # the parent's flusher may have held it at the fork
+    if _flusher_pid is not None:  # the parent made its counters before the fork; the child makes none anew
+        _ensure_flusher()
 
 
 os.register_at_fork(after_in_child=_reset_in_child)

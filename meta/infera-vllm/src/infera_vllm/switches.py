@@ -4,7 +4,7 @@
 ``INFERA_VLLM_OPS=a,b``         allow-list: only these ops (the only way to turn on an opt-in op).
 ``INFERA_VLLM_OPS_EXCLUDE=a,b`` deny-list, applied after the allow-list.
 ``INFERA_VLLM_STRICT=1``        every decline, at startup or per call, raises instead of falling back.
-``INFERA_VLLM_REPORT_DIR=DIR``  where each process writes its coverage report at exit.
+``INFERA_VLLM_REPORT_DIR=DIR``  where each process writes its coverage report.
 """
 
 from __future__ import annotations
