@@ -4,6 +4,7 @@ Prints a table (throughput and teacher-forced top-1 agreement, each run against 
 draws a plot, and writes JSON with the GPU, versions and commit under ``benchmarks/results/<gpu>/``.
 
     python benchmarks/e2e_smollm2.py --preset cpu      # CI-sized, eager
+    TRITON_INTERPRET=1 python benchmarks/e2e_smollm2.py --preset cpu-attn   # attn-paged's kernels, real weights
     python benchmarks/e2e_smollm2.py --preset h200     # 8 x 1500 teacher-forced tokens, 256 chats x 256 tokens, CUDA graphs
 
 Runs (each in its own process, see infera_vllm.harness): ``off`` and ``off2`` (plugin off twice: the noise
@@ -27,6 +28,12 @@ PRESETS = {
     "cpu": dict(agreement_prompts=2, agreement_tokens=256, throughput_prompts=4, max_tokens=16,
                 llm_kwargs=dict(enforce_eager=True, gpu_memory_utilization=0.2, max_model_len=1024, dtype="bfloat16"),
                 runs=("off", "off2", "on")),
+    # infera-attn-paged's kernels (Triton's interpreter) serving every attention call of the trained model
+    # on the CPU engine, against vLLM's CPU attention: correctness with real weights, not speed (~minutes)
+    "cpu-attn": dict(agreement_prompts=2, agreement_tokens=256, throughput_prompts=2, max_tokens=8,
+                     llm_kwargs=dict(enforce_eager=True, gpu_memory_utilization=0.2, max_model_len=1024,
+                                     dtype="bfloat16"),
+                     runs=("off", "on-attn-cpu")),
     "h200": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                  llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                  runs=("off", "off2", "off-triton", "on")),
@@ -45,17 +52,19 @@ PRESETS = {
                       runs=("off", "on-attn", "off-triton")),
 }
 # per-run environment and LLM arguments beyond plugin on/off
-RUN_ENV = {"on-norm": {"INFERA_VLLM_OPS": "norm"}, "on-attn": {"INFERA_VLLM_OPS": "attn-paged"}}
+RUN_ENV = {"on-norm": {"INFERA_VLLM_OPS": "norm"}, "on-attn": {"INFERA_VLLM_OPS": "attn-paged"},
+           # the CPU platform ignores --attention-backend: the default switch puts the backend in its slot
+           "on-attn-cpu": {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1"}}
 # attention backend per run on GPUs (default FLASH_ATTN, vLLM's choice on the H200)
 RUN_BACKEND = {"off-triton": "TRITON_ATTN", "on-attn": "CUSTOM"}
 RUN_KWARGS = {"off-vllm-c": {"ir_op_priority": {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}}}
 
 
-def configs(preset: dict, model: str) -> list[harness.RunConfig]:
-    out = []
+def configs(preset_name: str, model: str) -> list[harness.RunConfig]:
+    preset, out = PRESETS[preset_name], []
     for label in preset["runs"]:
         kwargs = {**preset["llm_kwargs"], **RUN_KWARGS.get(label, {})}
-        if preset is not PRESETS["cpu"]:
+        if not preset_name.startswith("cpu"):
             kwargs["attention_config"] = {"backend": RUN_BACKEND.get(label, "FLASH_ATTN")}
         out.append(harness.RunConfig(label=label, plugin=label.startswith("on"), model=model, llm_kwargs=kwargs,
                                      env=dict(RUN_ENV.get(label, {})),
@@ -105,7 +114,7 @@ def main() -> int:
     machine = describe_machine()
     out_dir = args.out or results_dir(machine)
     work = args.work or os.path.join(out_dir, "e2e-smollm2-reports")
-    summary = harness.compare_runs(configs(preset, model), work, rounds=args.rounds)
+    summary = harness.compare_runs(configs(args.preset, model), work, rounds=args.rounds)
     summary["preset"] = args.preset
     print(harness.render(summary))
     doc = {"benchmark": "e2e_smollm2", "machine": machine, **summary}

@@ -1,0 +1,66 @@
+"""Are a run's top-1 disagreements near-ties? For each position where an e2e_smollm2 run's teacher-forced
+top-1 differs from its baseline, the gap between the two best logits of the same model in fp32
+(transformers, CPU), beside that gap's distribution over every position: flips that sit where fp32 itself
+barely separates two tokens are rounding, flips at wide gaps would be a wrong answer.
+
+    python benchmarks/flip_margins.py benchmarks/results/cpu/attn-paged/e2e_smollm2.json [--model DIR]
+
+Prints a table and writes ``<result>.margins.json`` beside the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from e2e_smollm2 import PRESETS  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("result", help="an e2e_smollm2 JSON")
+    parser.add_argument("--model", help="checkpoint dir (default: the converted SmolLM2)")
+    args = parser.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from infera_vllm import harness, smollm2
+
+    with open(args.result) as f:
+        doc = json.load(f)
+    runs = [r for r in doc["runs"] if any(k.startswith("vs_") for k in r)]
+    preset = PRESETS[doc["preset"]]  # the prompts the runs were teacher-forced on
+    prompts_n, length = preset["agreement_prompts"], preset["agreement_tokens"]
+    path = args.model or smollm2.prepare()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    margins = []
+    with torch.no_grad():
+        for prompt in harness.corpus_prompts(tokenizer, prompts_n, length):
+            top2 = model(torch.tensor([prompt])).logits[0].topk(2, dim=-1).values
+            margins.append((top2[:, 0] - top2[:, 1]).tolist())
+    every = sorted(m for row in margins for m in row[:-1])  # the last position predicts nothing compared
+    out = {"result": args.result, "fp32_margin_median": every[len(every) // 2],
+           "fp32_margin_fraction_below_0.2": sum(m < 0.2 for m in every) / len(every), "runs": {}}
+    print(f"fp32 top-2 logit gap over {len(every)} positions: median {out['fp32_margin_median']:.3f}, "
+          f"{out['fp32_margin_fraction_below_0.2']:.1%} below 0.2")
+    for r in runs:
+        cmp = next(v for k, v in r.items() if k.startswith("vs_"))
+        # a disagreement (i, j) is the prediction of token j of prompt i: the logits at position j - 1
+        gaps = [margins[i][j - 1] for i, j in cmp["disagreements"]]
+        out["runs"][r["label"]] = {"disagreements": cmp["disagreements"], "fp32_margins": gaps}
+        print(f"{r['label']:<14} {len(gaps)} flips, fp32 gaps: " + ", ".join(f"{g:.3f}" for g in gaps))
+    target = args.result.replace(".json", ".margins.json")
+    with open(target, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
