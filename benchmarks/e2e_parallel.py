@@ -50,7 +50,10 @@ TINY_MOE = dict(hidden_size=128, intermediate_size=256, moe_intermediate_size=32
                 vocab_size=512, max_window_layers=2)
 # label: (tensor parallel size, INFERA_VLLM_OPS or None for the plugin off ("": the default ops), expert parallel)
 RUNS = {"tp1-off": (1, None, False), "tp2-off": (2, None, False), "tp2-on": (2, "", False),
-        "ep2-on": (2, "", True), "tp1-linear": (1, "linear-hipblaslt", False), "tp1-norm": (1, "norm", False)}
+        "ep2-on": (2, "", True), "tp1-linear": (1, "linear-hipblaslt", False), "tp1-norm": (1, "norm", False),
+        "tp1-norm-heads-kernel": (1, "norm", False)}
+# per-run switches beyond INFERA_VLLM_OPS (each is in the compile key, so every run compiles its own graph)
+RUN_ENV = {"tp1-norm-heads-kernel": {"INFERA_NORM_PER_HEAD_KERNEL": "1"}}
 H200 = dict(prompts=8, prompt_tokens=256, batches=(1, 16), max_tokens=128, repeats=3, weights="dummy", shrink={},
             llm=dict(gpu_memory_utilization=0.85, max_model_len=1024, max_num_seqs=16))
 PRESETS = {
@@ -59,8 +62,10 @@ PRESETS = {
     "h200x2-random": dict(H200, models=("qwen3-8b",), weights="random", runs=("tp1-off", "tp2-off", "tp2-on")),
     # one GPU: the opt-in linear op alone against the plugin off (its table from `infera-vllm tune linear`)
     "h200-linear": dict(H200, models=("llama-3-8b",), batches=(1, 8), repeats=5, runs=("tp1-off", "tp1-linear")),
-    # one GPU: infera-norm alone on Qwen3 (whose per-head q/k norms are RMSNorm layers too)
-    "h200-norm-qwen3": dict(H200, models=("qwen3-8b",), weights="random", runs=("tp1-off", "tp1-norm")),
+    # one GPU: infera-norm alone on Qwen3 (whose per-head q/k norms are RMSNorm layers too), with the q/k
+    # norms left to Inductor (default, per-head-fusion) and on the kernel
+    "h200-norm-qwen3": dict(H200, models=("qwen3-8b",), weights="random",
+                            runs=("tp1-off", "tp1-norm", "tp1-norm-heads-kernel")),
     "tiny": dict(models=("qwen3-30b-a3b",), shrink={"qwen3-30b-a3b": TINY_MOE}, prompts=2, prompt_tokens=24,
                  batches=(1, 4), max_tokens=4, repeats=1, runs=("tp1-off", "tp2-off", "tp2-on"), weights="random",
                  llm=dict(gpu_memory_utilization=0.2, max_model_len=256, max_num_seqs=4, enforce_eager=True)),
@@ -155,6 +160,7 @@ def run_model(name: str, preset_name: str, preset: dict, work: str, save) -> dic
         tp, ops, ep = RUNS[label]
         report_dir = os.path.join(work, f"report-{name}-{label}")
         env = {"INFERA_VLLM_OPS_DISABLE": "1"} if ops is None else {"INFERA_VLLM_OPS": ops} if ops else {}
+        env.update(RUN_ENV.get(label, {}))
         if tp > 1 and os.environ.get("INFERA_PARALLEL_CPU_BIND"):  # CPU build: one core per rank
             env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["INFERA_PARALLEL_CPU_BIND"]
         res = _spawn(["--one", model, "--preset", preset_name, "--tp", str(tp)] + (["--ep"] if ep else []),

@@ -1,5 +1,5 @@
-"""The two hand-overs to vLLM's own kernels (provider.py): eager launch cost, and the fused add's shapes
-where vllm_c measured faster. vLLM's real kernels serve; no Triton kernel runs here."""
+"""The hand-overs to vLLM's own kernels (provider.py): eager launch cost, per-head norms while compiling, and
+the fused add's shapes where vllm_c measured faster. vLLM's real kernels serve; no Triton kernel runs here."""
 
 import pytest
 import torch
@@ -67,3 +67,43 @@ def test_eager_threshold_switch(monkeypatch, raw, expected):
             provider.eager_min_tokens()
     else:
         assert provider.eager_min_tokens() == expected
+
+
+@pytest.mark.parametrize("shape, fake, switch_on, expected", [
+    ((16, 8, 128), True, True, "per-head-fusion"),  # Qwen3's q norm over [tokens, heads, head_dim], compiling
+    ((16, 2, 8, 128), True, True, "per-head-fusion"),
+    ((16, 4096), True, True, None),  # the residual stream's norm: the kernel, in the graph
+    ((1, 16, 576), True, True, None),  # [batch, seq, hidden]: not per head
+    ((16, 8, 128), False, True, None),  # real tensors (CUDA-graph capture without Inductor): the kernel
+    ((16, 8, 128), True, False, None),  # INFERA_NORM_PER_HEAD_KERNEL=1
+])
+def test_per_head_norms_left_to_inductor_while_compiling(shape, fake, switch_on, expected):
+    """While compiling, a per-head norm goes to vLLM's next provider: Inductor then fuses it with the split
+    and RoPE around it (docs/operators/norm.md); everything else stays on the kernel."""
+    from contextlib import nullcontext
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() if fake else nullcontext():
+        x = torch.randn(*shape, dtype=torch.bfloat16)
+        w = torch.randn(shape[-1], dtype=torch.bfloat16)
+        got = provider.decline_reason(x, w, None, allow_cpu=True, per_head_to_vllm=switch_on)
+    assert got == expected
+
+
+def test_per_head_rule_leaves_the_fused_add_alone():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, r = torch.empty(2, 8, 4096, dtype=torch.bfloat16), torch.empty(2, 8, 4096, dtype=torch.bfloat16)
+        assert provider.decline_reason(x, None, None, r, allow_cpu=True, per_head_to_vllm=True) is None
+
+
+@pytest.mark.parametrize("raw, expected", [("", False), ("0", False), ("1", True), ("yes", None)])
+def test_per_head_switch(monkeypatch, raw, expected):
+    monkeypatch.setenv("INFERA_NORM_PER_HEAD_KERNEL", raw)
+    if expected is None:
+        with pytest.raises(ValueError, match="INFERA_NORM_PER_HEAD_KERNEL"):
+            provider.per_head_kernel()
+    else:
+        assert provider.per_head_kernel() is expected

@@ -14,7 +14,7 @@ Decisions on fake tensors never read a symbolic size as a number: that would spe
 dimension of vLLM's compiled graph and fail its dynamic-shape guards (measured on vLLM 0.26: the engine
 did not start).
 
-Two hand-overs to vLLM's own kernels, counted as route ``handover`` with a reason (by design, so
+Three hand-overs to vLLM's own kernels, counted as route ``handover`` with a reason (by design, so
 ``INFERA_VLLM_STRICT=1`` lets them through):
 - ``eager-launch-cost`` (declined in ``supports_args``, so vLLM's next provider serves): a call on real
   tensors outside CUDA-graph capture, i.e. vLLM running eagerly. Through the torch custom op Triton's
@@ -23,6 +23,13 @@ Two hand-overs to vLLM's own kernels, counted as route ``handover`` with a reaso
   16384 with H >= 2048). So by default the kernel serves only calls that are captured in CUDA graphs
   or baked into compiled graphs (decided once, at capture / trace time); ``INFERA_NORM_EAGER_MIN_TOKENS=N``
   serves eager calls from N tokens on (0: all).
+- ``per-head-fusion`` (declined in ``supports_args`` while compiling): an ``rms_norm`` of a per-head
+  view (3-D or more, last dim <= 256: Qwen3's q/k norms over ``[tokens, heads, head_dim]``). vLLM's native provider traced
+  there lets Inductor fuse both norms with the q/k/v split before them and the RoPE after them into one
+  kernel; as an opaque op it leaves three (two norms, then RoPE re-reading q and k). Seen in the Inductor
+  code vLLM 0.32's CPU build generates for a Qwen3 model (docs/operators/norm.md); on the H200 Qwen3-8B
+  lost 3.2% at batch 1 with the norms opaque, about what two extra launches x 36 layers cost per step.
+  ``INFERA_NORM_PER_HEAD_KERNEL=1`` keeps them on the kernel (for measuring).
 - ``vllm-c-faster`` (inside ``infera::fused_add_rms_norm_``, at run time, so also inside compiled
   graphs): the in-place fused add with rows of >= 4096 at 512-2048 tokens, where vllm_c's kernel was
   faster with the inputs in L2 (0.83-0.95x, benchmarks/results/h200/norm-tune/); the call goes to
@@ -43,8 +50,11 @@ from infera_vllm import coverage
 PROVIDER = "infera"
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
+# A norm over the last dim of a 3-D+ view at most this wide is a per-head (q/k) norm; a [batch, seq, hidden]
+# activation is wider (the smallest hidden size we serve, SmolLM2's, is 576)
+MAX_HEAD_DIM = 256
 EAGER_NEVER = 1 << 62  # default: eager calls always go to vLLM's next provider (launch cost, see above)
-HANDOVERS = ("eager-launch-cost", "vllm-c-faster")  # by design, not capability limits
+HANDOVERS = ("eager-launch-cost", "per-head-fusion", "vllm-c-faster")  # by design, not capability limits
 
 
 def eager_min_tokens() -> int:
@@ -56,6 +66,15 @@ def eager_min_tokens() -> int:
     if not raw.isdigit():
         raise ValueError(f"INFERA_NORM_EAGER_MIN_TOKENS={raw!r}: expected a token count >= 0")
     return int(raw)
+
+
+def per_head_kernel() -> bool:
+    """``INFERA_NORM_PER_HEAD_KERNEL``: 1 the kernel serves per-head norms in compiled graphs too; 0 (default)
+    they go to vLLM's next provider there, for Inductor to fuse (``per-head-fusion``)."""
+    raw = os.environ.get("INFERA_NORM_PER_HEAD_KERNEL", "").strip() or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"INFERA_NORM_PER_HEAD_KERNEL={raw!r}: expected 0 or 1")
+    return raw == "1"
 
 
 def _vllm_c_hands_over(tokens: int, hidden: int) -> bool:
@@ -125,7 +144,7 @@ def _flat_rows(t: Tensor) -> bool:
 
 
 def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual: Optional[Tensor] = None,
-                   allow_cpu: bool = False, eager_min_tokens: int = 0) -> Optional[str]:
+                   allow_cpu: bool = False, eager_min_tokens: int = 0, per_head_to_vllm: bool = False) -> Optional[str]:
     """Why the kernel should not take this call (a reason code), or None. Reads no symbolic size."""
     if variance_size is not None:
         return "variance-size"
@@ -145,7 +164,10 @@ def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual:
             return "residual-layout"
     if x.device.type != "cuda" and not (allow_cpu and x.device.type == "cpu"):
         return "device"
-    if eager_min_tokens and not isinstance(x, torch._subclasses.FakeTensor) and not torch.compiler.is_compiling():
+    compiling = isinstance(x, torch._subclasses.FakeTensor) or torch.compiler.is_compiling()
+    if per_head_to_vllm and residual is None and x.dim() >= 3 and x.shape[-1] <= MAX_HEAD_DIM and compiling:
+        return "per-head-fusion"
+    if eager_min_tokens and not compiling:
         tokens = _concrete_tokens(x)
         capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if tokens is not None and tokens < eager_min_tokens and not capturing:
@@ -173,11 +195,13 @@ def install(op_name: str, allow_cpu: bool) -> None:
     # On the CPU (interpreter, validation only) neither hand-over applies: launch cost is not the question
     # there, and the tests must reach the kernel.
     eager_min = 0 if allow_cpu else eager_min_tokens()
+    per_head_to_vllm = not per_head_kernel()  # on the CPU too: its compiled graphs fuse the same way
     _handover["count"] = count
     _handover["vllm_c"] = None if allow_cpu else _vllm_c_fused_add()
 
     def rms_supports(x, weight, epsilon, variance_size=None):
-        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu, eager_min_tokens=eager_min)
+        reason = decline_reason(x, weight, variance_size, allow_cpu=allow_cpu, eager_min_tokens=eager_min,
+                                per_head_to_vllm=per_head_to_vllm)
         count(reason, x)
         return reason is None
 
