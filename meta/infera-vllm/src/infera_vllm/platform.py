@@ -62,5 +62,5 @@ def interpreter_off(family: str | None, served_by: str):
 
     if family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
-                                                 f"(validation); {served_by} serves")
+                                                 f"(validation); the calls go to {served_by}")
     return None
