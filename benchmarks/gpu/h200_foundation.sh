@@ -6,7 +6,7 @@
 #   infera-vllm report over the plugin-on run's processes.
 # Everything lands flat in $OUT (the device tool brings back at most 8 files).
 set -uo pipefail
-source "$(dirname "$0")/_env.sh"
+source "$(dirname "$0")/_env.sh" || exit 1
 OUT=${OUT:?set OUT}
 MODEL=${MODEL:-/tmp/models/smollm2-135m}
 PRESET=${PRESET:-h200}
@@ -15,8 +15,9 @@ PRESET=${PRESET:-h200}
   python3 -m infera_vllm doctor --json > "$OUT/doctor.json" 2>/dev/null
   python3 -m infera_vllm doctor --model "$MODEL" > "$OUT/doctor-model.txt" 2>&1
   cat "$OUT/doctor.txt"
-  python3 benchmarks/e2e_smollm2.py --preset "$PRESET" --model "$MODEL" --out "$OUT" --work /tmp/e2e-work
+  python3 benchmarks/e2e_smollm2.py --preset "$PRESET" --model "$MODEL" --out "$OUT" --work /tmp/e2e-work || exit 1  # fails the group, so the pipeline
   python3 -m infera_vllm report /tmp/e2e-work/report-on > "$OUT/report-on.txt"
   python3 -m infera_vllm report /tmp/e2e-work/report-on --json > "$OUT/report-on.json"
   cat "$OUT/report-on.txt"
-} 2>&1 | tee "$OUT/run.log" | grep -v -E "^\((EngineCore|APIServer|Worker)|it/s\]|s/it\]"
+} 2>&1 | tee "$OUT/run.log" | quiet "^\((EngineCore|APIServer|Worker)|it/s\]|s/it\]" || INFERA_FAILED=1
+exit $INFERA_FAILED

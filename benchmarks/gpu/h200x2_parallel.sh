@@ -4,7 +4,7 @@
 # PRESET=h200x2-random: a Qwen3-8B-shaped random checkpoint at TP=1 and TP=2 (same model at both sizes).
 # Then `infera-vllm doctor` once per GPU (CUDA_VISIBLE_DEVICES=0 and 1): the verdicts each rank's process would see.
 set -uo pipefail
-source "$(dirname "$0")/_env.sh"
+source "$(dirname "$0")/_env.sh" || exit 1
 PRESET=${PRESET:-h200x2}
 nvidia-smi --query-gpu=index,name,memory.used --format=csv
 mkdir -p /tmp/doctor-model && python3 -c "
@@ -17,5 +17,5 @@ done
 diff <(grep -v -i -E "pid|uuid|bus" "$OUT/doctor_gpu0.txt") <(grep -v -i -E "pid|uuid|bus" "$OUT/doctor_gpu1.txt") \
   && echo "doctor: same output on both GPUs" | tee "$OUT/doctor_same.txt"
 timeout ${PAR_TIMEOUT:-540} python3 benchmarks/e2e_parallel.py --preset "$PRESET" ${MODELS:+--models $MODELS} --out "$OUT" 2>&1 \
-  | tee "$OUT/e2e_parallel.log" | grep -v -E "^(\(.*\) )?(INFO|WARNING|DEBUG)|Capturing|socket.cpp" | tail -60
-true
+  | tee "$OUT/e2e_parallel.log" | quiet "^(\(.*\) )?(INFO|WARNING|DEBUG)|Capturing|socket.cpp" | tail -60 || INFERA_FAILED=1
+exit $INFERA_FAILED

@@ -4,6 +4,8 @@ different set of ops (plugin off, above all) is never loaded for this one: check
 
 import json
 
+import pytest
+
 from conftest import run_python
 
 FACTORS = """
@@ -20,6 +22,7 @@ def _factors(tmp_path, **env):
     return json.loads(proc.stdout.split("FACTORS")[-1].splitlines()[0])
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_active_ops_are_in_vllms_compile_factors(tmp_path):
     on = _factors(tmp_path)
     key = on["INFERA_VLLM_COMPILED_OPS"]

@@ -36,6 +36,7 @@ def test_sites_of_a_moe_model():
     assert sum(s.kind == "rms_norm" for s in sites) == 4 * 48 + 1  # + q_norm/k_norm per layer
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_doctor_reports_every_op_and_fails_when_a_requested_op_cannot_activate(tmp_path):
     proc = doctor("--json")
     assert proc.returncode == 1
@@ -54,6 +55,7 @@ def test_doctor_exit_zero_when_nothing_is_requested():
     assert "INFERA_VLLM_OPS_DISABLE=True" in proc.stdout and "[disabled]" in proc.stdout
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_doctor_model_plan(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_MOE))
     proc = doctor("--model", str(tmp_path), env={"INFERA_VLLM_OPS": "moe-decode,norm,ghost"})

@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURE_SITE, ops_by_name, reports
 from infera_vllm import harness, report, smollm2
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.cpu_build]  # asserts the CPU build's verdicts
 
 LLM_KWARGS = dict(enforce_eager=True, gpu_memory_utilization=0.2, max_model_len=1024, dtype="bfloat16")
 
@@ -32,6 +32,10 @@ def test_plugin_on_agrees_with_plugin_off(summary):
     off, on = summary["runs"]
     cmp = on["vs_off"]
     assert cmp["positions"] == 2 * 255
+    # No op serves a call in this run (on the CPU every Triton op declines without the interpreter; the fixture
+    # ops change no numerics), so both runs compute the same function with vLLM's kernels: the real weights'
+    # top-1s agree but for vLLM's own batch-order roundings (FLASH_ATTN vs FLASH_ATTN on the H200: 0.998);
+    # 0.98 allows 10 flips in 510 positions
     assert cmp["agreement"] >= 0.98, cmp["disagreements"][:20]
     # the model really predicts the text: neither noise nor a copy of its input
     assert 0.2 < summary["model_accuracy"] < 0.95

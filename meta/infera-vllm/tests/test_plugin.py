@@ -16,6 +16,7 @@ print("ACTIVATIONS", len(good.ACTIVATED_IN))
 """
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_failures_are_contained_and_each_has_its_reason(tmp_path):
     proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path)})
     assert "ACTIVATIONS 1" in proc.stdout
@@ -54,6 +55,7 @@ def test_disable_all_leaves_vllm_untouched(tmp_path):
     assert reports(tmp_path) == []
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_allow_and_exclude_lists(tmp_path):
     run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path),
                                 "INFERA_VLLM_OPS": "norm,fixture-good,linear-hipblaslt,ghost-op",
@@ -123,6 +125,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_spawned_processes_register_and_reports_merge(tmp_path):
     """No report dir is given: the first process makes one and hands it to its spawned children."""
     script = tmp_path / "spawn_main.py"

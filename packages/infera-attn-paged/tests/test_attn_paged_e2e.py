@@ -2,7 +2,8 @@
 kernels under Triton's interpreter: a tiny random-weight Llama (GQA, written here) generated with the
 backend as the platform's automatic choice (``INFERA_ATTN_PAGED_DEFAULT=1``; the CPU platform ignores
 ``--attention-backend``) and with the plugin off (vLLM's CPU attention). Prefill and decode both reach the
-kernels (the report counts them in the worker), and the outputs agree."""
+kernels (the report counts them in the worker), and the outputs are as close to the fp32 model as vLLM's
+CPU attention's (``infera_vllm.testing.assert_no_worse_than_vllm``)."""
 
 import glob
 import json
@@ -11,9 +12,9 @@ import os
 import pytest
 import torch
 
-from infera_vllm.testing import result_json, run_script
+from infera_vllm.testing import assert_no_worse_than_vllm, result_json, run_script
 
-pytestmark = pytest.mark.interpret
+pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build]
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU end-to-end test under TRITON_INTERPRET=1 (nox sets it); on GPUs see "
                 "benchmarks/e2e_smollm2.py --preset h200-attn", allow_module_level=True)
@@ -42,8 +43,8 @@ def main():
     prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 200 + 1 for j in range(20 + 9 * i)]} for i in range(3)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=1, detokenize=False),
                         use_tqdm=False)
-    print("RESULT" + json.dumps([[(t, o.outputs[0].logprobs[i][t].logprob) for i, t in enumerate(o.outputs[0].token_ids)]
-                                 for o in outs]))
+    steps = [[(t, o.outputs[0].logprobs[i][t].logprob) for i, t in enumerate(o.outputs[0].token_ids)] for o in outs]
+    print("RESULT" + json.dumps({"prompts": [p["prompt_token_ids"] for p in prompts], "steps": steps}))
 
 if __name__ == "__main__":
     main()
@@ -71,12 +72,6 @@ def _reports(report_dir):
              {o["op"]: o["status"] for o in d["ops"]}, sum(c["count"] for c in d["counts"])) for d in docs]
 
 
-def _assert_agree(on, off):
-    assert [[t for t, _ in seq] for seq in on] == [[t for t, _ in seq] for seq in off]
-    worst = max(abs(a - b) for s_on, s_off in zip(on, off) for (_, a), (_, b) in zip(s_on, s_off))
-    assert worst < 0.05, worst  # bf16 attention in two kernels: log-probs agree closely
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tiny-llama"))
@@ -87,7 +82,7 @@ def model(tmp_path_factory):
 def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(model, tmp_path):
     on = result_json(run_script(RUN, model, "1", env={**ON, "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
     off = result_json(run_script(RUN, model, "1", env={"INFERA_VLLM_OPS_DISABLE": "1"}))
-    _assert_agree(on, off)
+    print(assert_no_worse_than_vllm(model, on, off))
     counts = _counts(str(tmp_path / "on"))
     assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, counts  # nothing fell back
     buckets = {c["bucket"] for c in counts}
@@ -97,13 +92,13 @@ def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(model, tmp_path):
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
 def test_tensor_parallel_two_workers(model, tmp_path):
-    """Issue #7's CPU part for attention: tensor parallel 2 spawns two workers, each holding half the query
-    and KV heads (2 and 1 here); each loads the plugin, makes the backend its default and runs its heads on
-    the kernels; outputs match tensor parallel 2 with the plugin off."""
+    """Tensor parallel 2 spawns two workers, each holding half the query and KV heads (2 and 1 here); each
+    loads the plugin, makes the backend its default and runs its heads on the kernels; outputs as close to
+    the fp32 model as tensor parallel 2 with the plugin off."""
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank
     on = result_json(run_script(RUN, model, "2", env={**ON, **bind, "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
     off = result_json(run_script(RUN, model, "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind}))
-    _assert_agree(on, off)
+    print(assert_no_worse_than_vllm(model, on, off))
     counts = _counts(str(tmp_path / "on"))
     assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, _reports(str(tmp_path / "on"))
     workers = {c["process"] for c in counts}

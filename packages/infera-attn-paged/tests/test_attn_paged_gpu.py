@@ -48,23 +48,30 @@ def test_prefill_real_sizes():
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
-def test_cuda_graph_replays_with_new_lengths():
+@pytest.mark.parametrize("B,Hq,Hkv,D", [(4, 32, 8, 128), (3, 64, 8, 64)])
+def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D):
+    """One graph captured at lengths 1 (as vLLM captures) replays lengths from 1 to 40k: each sequence's
+    slice count follows its length on the device (one slice at 1 key, the whole cap at 40k), the reduce
+    merges exactly those, with programmatic dependent launch where the GPU has it."""
     torch.manual_seed(0)
-    B, Hq, Hkv, D, max_ctx = 4, 32, 8, 128, 4096
-    pages = max_ctx // 16
+    max_ctx = 40_000
+    pages = -(-max_ctx // 16)
     k, v = _cache(B * pages, 16, Hkv, D)
     bt = torch.randperm(B * pages, device="cuda").view(B, pages).to(torch.int32)
     lens = torch.ones(B, dtype=torch.int32, device="cuda")  # vLLM captures with seq_lens filled with 1
     q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
-    splits = ops.choose_num_splits(B, Hkv, q.device)
-    ws = ops.Workspace(B * splits, Hq, D, "cuda")
-    assert splits > 1  # the split path and its reduce are what the graph must hold
-    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=splits, workspace=ws)  # compile outside capture
+    cap = ops.split_cap(B, Hkv, q.device, head_size=D)
+    policy = ops.decode_defaults(D, q.device)[1]
+    ws = ops.Workspace(B * cap, Hq, D, "cuda")
+    assert cap > 1  # the split path and its reduce are what the graph must hold
+    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=splits, workspace=ws)
-    for new_lens in ([4096, 17, 1000, 0], [1, 2, 3, 4], [2500, 4096, 4095, 64]):
+        ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws)
+    seen = set()
+    for new_lens in ([40_000, 17, 1000, 0][:B], [1, 2, 3, 129][:B], [2500, 39_999, 4095, 64][:B],
+                     [128, 257, 12_345, 8][:B]):
         lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
         bt.copy_(torch.randperm(B * pages, device="cuda").view(B, pages).to(torch.int32))
@@ -72,3 +79,14 @@ def test_cuda_graph_replays_with_new_lengths():
         graph.replay()
         ref = paged_decode_reference(q, k, v, bt, lens, D ** -0.5)
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        seen |= set(ops.slices_per_sequence(lens, cap, policy=policy).tolist())
+    assert 1 in seen and cap in seen and len(seen) >= 3, seen  # one slice, some, and the whole cap
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs Hopper or later")
+def test_pdl_is_used_on_hopper():
+    """On Hopper the GPU machine's Triton (3.6) offers launch_pdl, so the reduce is launched with it."""
+    import triton
+
+    assert ops.pdl_supported(torch.device("cuda")), f"Triton {triton.__version__} on sm90 should offer launch_pdl"

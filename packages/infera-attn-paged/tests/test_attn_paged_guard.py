@@ -33,7 +33,7 @@ def test_layers_declined_with_reasons():
 
 
 def batch(q=None, **kw):
-    args = dict(decode=True, prefill_on_kernel=True, extras_present=False, quantized_output=False)
+    args = dict(decode=True, prefill_route="kernel", extras_present=False, quantized_output=False)
     return guard.batch_decline(torch.empty(4, 8, 64, dtype=torch.bfloat16) if q is None else q, **{**args, **kw})
 
 
@@ -41,14 +41,23 @@ def test_batches():
     assert batch() is None and batch(decode=False) is None
     assert batch(torch.empty(4, 8, 64, dtype=torch.float16)) is None
     assert batch(torch.empty(4, 8, 64, dtype=torch.float32)) == "dtype"
-    assert batch(decode=False, prefill_on_kernel=False) == "prefill-handover"
-    assert batch(prefill_on_kernel=False) is None  # decode batches stay on the kernel
+    assert batch(decode=False, prefill_route="triton") == "prefill-handover"
+    assert batch(decode=False, prefill_route="fa3") == "fa3"
+    assert batch(prefill_route="triton") is None and batch(prefill_route="fa3") is None  # decode stays on the kernel
+    assert batch(decode=False, prefill_route="fa3", causal=False) == "non-causal"
     assert batch(extras_present=True) == "mm-prefix-or-rswa"
     assert batch(quantized_output=True) == "output-quant"
     assert batch(decode=False, causal=False) == "non-causal"
     assert batch(decode=False, causal=torch.tensor([True, False])) == "non-causal"  # per-request flags
     assert batch(causal=False) is None  # one decode token sees its whole sequence either way
-    assert "prefill-handover" in guard.HANDOVERS
+    assert "prefill-handover" in guard.HANDOVERS and guard.ROUTES == ("fa3",)
+
+
+def test_fa3_takes_prefill_where_it_runs():
+    assert guard.prefill_on_fa3("auto", None, 128) and guard.prefill_on_fa3("fa3", None, 64)
+    assert not guard.prefill_on_fa3("auto", "needs Hopper", 128)  # elsewhere: the ragged kernel
+    assert not guard.prefill_on_fa3("kernel", None, 128) and not guard.prefill_on_fa3("triton", None, 128)
+    assert guard.prefill_on_fa3("auto", None, 256) and not guard.prefill_on_fa3("auto", None, 260)
 
 
 def test_decode_or_ragged():
@@ -62,12 +71,13 @@ def test_prefill_switch(monkeypatch):
     import pytest
 
     monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
-    assert guard.prefill_on_kernel()
+    assert guard.prefill_route() == "auto"
+    for value in ("fa3", "kernel", "triton"):
+        monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", value)
+        assert guard.prefill_route() == value
     monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "0")
-    assert not guard.prefill_on_kernel()
-    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "maybe")
-    with pytest.raises(ValueError, match="must be 0 or 1"):
-        guard.prefill_on_kernel()
+    with pytest.raises(ValueError, match="must be one of auto, fa3, kernel, triton"):
+        guard.prefill_route()
     monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
     assert not guard.platform_default()  # off unless asked: no family is validated for it
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "1")
@@ -88,3 +98,28 @@ def test_doctor_plan_per_layer():
     assert plan(site()) is None
     assert plan(site(head_size=112)).code == "head-size"
     assert plan(site(dtype="float32")).code == "dtype"
+
+
+def test_tuning_file_by_head_size(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from infera_ops.attn_paged import tuning
+
+    entry = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=8, split_keys=256, pdl=False)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"decode": {"64": entry, "128": dict(entry, block_n=32)}, "measured": {"gpu": "x"}}))
+    monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(path))
+    table = tuning.load("sm90")
+    assert table[64] == tuning.DecodeSettings(**entry) and table[128].block_n == 32
+    assert tuning.decode_settings(96, "cpu").block_n == 32  # 80 and 96 take 128's entry
+    assert tuning.decode_settings(256, "cpu") is None  # above every listed size: the defaults
+    path.write_text(json.dumps({"decode": {"64": {"block_n": 64}}}))
+    tuning._table.cache_clear()
+    with pytest.raises(tuning.TuningError, match="not a decode tuning file"):
+        tuning.load("sm90")
+    monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(tmp_path / "missing.json"))
+    with pytest.raises(tuning.TuningError, match="INFERA_ATTN_PAGED_TUNING"):
+        tuning.load("sm90")
+    tuning._table.cache_clear()

@@ -33,11 +33,17 @@ def paged_case(B, Hq, Hkv, D, page, lens, dtype=torch.bfloat16, spare_blocks=5):
     return q, k, v, bt, torch.tensor(lens, dtype=torch.int32, device=DEV)
 
 
-def check(q, k, v, bt, lens, *, sinks=None, window_left=-1, softcap=0.0, num_splits=None, workspace=None):
+# a slice per key at least: every sequence takes the whole cap S of slices (at these short lengths the
+# default policy would give each one or two), so the merge of many slices, empty ones included, is exercised
+EVERY_SLICE = ops.SplitPolicy(split_keys=1)
+
+
+def check(q, k, v, bt, lens, *, sinks=None, window_left=-1, softcap=0.0, num_splits=None, workspace=None,
+          policy=None):
     out = torch.full_like(q, float("nan"))  # poisoned: an element the kernel does not write fails
     scale = q.shape[-1] ** -0.5
     ops.paged_decode(q, k, v, bt, lens, scale, out, sinks=sinks, window_left=window_left, softcap=softcap,
-                     num_splits=num_splits, workspace=workspace)
+                     num_splits=num_splits, workspace=workspace, policy=policy or (EVERY_SLICE if num_splits else None))
     ref = paged_decode_reference(q, k, v, bt, lens, scale, sinks=sinks, window_left=window_left, softcap=softcap)
     assert not out.isnan().any(), "unwritten output elements"
     torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
@@ -115,13 +121,39 @@ def test_bad_shapes_raise():
         ops.paged_decode(q, k, v, bt, lens, 0.1)
 
 
-def test_split_choice_fills_the_gpu_and_ignores_lengths():
+def test_split_cap_fills_the_gpu_and_ignores_lengths():
+    """The slice cap depends on the batch size and heads only (a CUDA graph per batch size); it shrinks as
+    the batch grows, to one slice once the batch alone fills the GPU."""
     dev = torch.device(DEV)
-    assert ops.choose_num_splits(1, 8, dev) > ops.choose_num_splits(16, 8, dev) >= ops.choose_num_splits(256, 8, dev)
-    assert ops.choose_num_splits(256, 8, dev) == 1
+    pol = ops.SPLIT_POLICY
+    caps = [ops.split_cap(b, 8, dev) for b in (1, 16, 256, 4096)]
+    assert caps == sorted(caps, reverse=True) and caps[0] == min(ops.MAX_SPLITS, pol.programs_per_sm * ops._sm_count(dev) // 8)
+    assert caps[-1] == 1
     for b in (1, 3, 64):
-        s = ops.choose_num_splits(b, 3, dev)
-        assert 1 <= s <= ops.MAX_SPLITS and b * 3 * s <= max(b * 3, ops.PROGRAMS_PER_SM * 8)  # one wave (CPU: 8 "SMs")
+        s = ops.split_cap(b, 3, dev)
+        assert 1 <= s <= ops.MAX_SPLITS and (s == 1 or b * 3 * s <= pol.programs_per_sm * ops._sm_count(dev))
+
+
+@pytest.mark.parametrize("window", [-1, 40])
+def test_slice_count_follows_each_sequence_length(window):
+    """Under one cap, each sequence takes ceil(keys / split_keys) slices on the device, at most the cap: the
+    workspace rows a sequence writes show how many it took (poisoned rows past them stay untouched, and a
+    one-slice sequence writes its output directly, no partial rows at all)."""
+    policy = ops.SplitPolicy(split_keys=32)
+    cap = 8
+    lens = [1, 31, 33, 100, 300, 0]
+    q, k, v, bt, seq_lens = paged_case(len(lens), 8, 2, 64, 16, lens)
+    ws = ops.Workspace(len(lens) * cap, 8, 64, DEV, max_splits=cap)
+    ws.lse.fill_(float("nan"))
+    check(q, k, v, bt, seq_lens, window_left=window, num_splits=cap, workspace=ws, policy=policy)
+    want = [min(cap, max(1, -(-(n if window < 0 else min(n, window + 1)) // 32))) for n in lens]
+    assert ops.slices_per_sequence(seq_lens, cap, window_left=window, policy=policy).tolist() == want
+    written = ~ws.lse[: len(lens) * 8 * cap].view(len(lens), 8, cap).isnan()  # [B, Hq, S]
+    for b, n in enumerate(want):
+        expect = torch.zeros(cap, dtype=torch.bool, device=DEV)
+        if n > 1:
+            expect[:n] = True
+        assert (written[b] == expect).all(), (b, lens[b], n, written[b])
 
 
 def ragged_case(Hq, Hkv, D, page, query_lens, contexts, dtype=torch.bfloat16):

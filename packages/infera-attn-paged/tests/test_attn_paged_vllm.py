@@ -69,9 +69,12 @@ def test_workspace_covers_every_batch_size(vllm_config):
     from infera_ops.attn_paged.backend import split_table, workspace_for
 
     dev = torch.device(DEV)
-    ws = workspace_for(split_table(256, 8, dev), 32, 128, dev)
-    assert all(ws.fits(b, 32, 128, ops.choose_num_splits(b, 8, dev)) for b in range(1, 257))
-    assert ws.out.numel() * 4 <= 4 * 2**20  # small: batch x splits stays bounded as batches grow
+    ws = workspace_for(split_table(256, 8, dev, 128), 32, 128, dev)
+    caps = [ops.split_cap(b, 8, dev, head_size=128) for b in range(1, 257)]
+    assert all(ws.fits(b, 32, 128, cap) for b, cap in enumerate(caps, 1) if cap > 1)  # cap 1: no partials
+    # small: batch x cap stays within programs_per_sm x SMs / KV heads rows as batches grow (not 256 x 64)
+    rows = ops.decode_defaults(128, dev)[1].programs_per_sm * ops._sm_count(dev) // 8
+    assert 0 < ws.max_rows <= rows and ws.out.numel() == ws.max_rows * 32 * 128
 
 
 def _impl(**kw):
@@ -154,20 +157,50 @@ def test_layers_it_cannot_serve_are_counted_at_construction(vllm_config):
     assert _impl(kv_cache_dtype="fp8")._infera_layer_decline == "kv-cache-dtype"
 
 
-def test_prefill_and_mixed_batch_reach_the_ragged_kernel(vllm_config):
-    from infera_ops.attn_paged.reference import paged_prefill_reference
-
+def _prefill_case(vllm_config, impl_kw=None):
     lens, qlens = [40, 9, 30], [40, 4, 1]  # a prompt, a chunk with cached context, a decode token
     md, kv_cache, block_table = _decode_batch(vllm_config, lens, qlens)
-    impl = _impl()
+    impl = _impl(**(impl_kw or {}))
     q = torch.randn(sum(qlens), HQ, D, dtype=torch.bfloat16, device=DEV)
+    return md, kv_cache, block_table, impl, q
+
+
+def _prefill_ref(q, kv_cache, block_table, md, **kw):
+    from infera_ops.attn_paged.reference import paged_prefill_reference
+
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    return paged_prefill_reference(q, k, v, block_table, md.seq_lens, md.query_start_loc, D ** -0.5, **kw)
+
+
+def test_prefill_and_mixed_batch_reach_the_ragged_kernel(vllm_config, monkeypatch):
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "kernel")
+    md, kv_cache, block_table, impl, q = _prefill_case(vllm_config)
     out = torch.full_like(q, float("nan"))
     before = _counts().get(("kernel", "", "33-64", "call"), 0)
     impl.forward(None, q, None, None, kv_cache, md, out)
-    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
-    ref = paged_prefill_reference(q, k, v, block_table, md.seq_lens, md.query_start_loc, D ** -0.5)
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float(), _prefill_ref(q, kv_cache, block_table, md), atol=2e-2, rtol=2e-2)
     assert _counts()[("kernel", "", "33-64", "call")] == before + 1
+
+
+@pytest.mark.parametrize("features", [{}, {"sinks": True, "sliding_window": 16}, {"logits_soft_cap": 5.0}])
+def test_prefill_route_by_default_is_fa3_where_it_runs(vllm_config, monkeypatch, features):
+    """Default (``auto``): FA3 where vLLM's FA3 runs on this GPU (route ``fa3``), else the ragged kernel; the
+    same answer either way, sinks, sliding window and soft-cap included."""
+    from infera_ops.attn_paged import backend
+
+    monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
+    kw = dict(features)
+    sinks = torch.randn(HQ, device=DEV) if kw.pop("sinks", False) else None
+    md, kv_cache, block_table, impl, q = _prefill_case(vllm_config, dict(kw, sinks=sinks))
+    route = "fa3" if backend.fa3_unavailable() is None else "kernel"
+    assert impl._infera_prefill == route, backend.fa3_unavailable()
+    out = torch.full_like(q, float("nan"))
+    before = _counts().get((route, "", "33-64", "call"), 0)
+    impl.forward(None, q, None, None, kv_cache, md, out)
+    ref = _prefill_ref(q, kv_cache, block_table, md, sinks=sinks,
+                       window_left=kw.get("sliding_window", 0) - 1, softcap=kw.get("logits_soft_cap", 0.0))
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    assert _counts()[(route, "", "33-64", "call")] == before + 1
 
 
 def test_kv_cache_update_writes_vllms_slots(vllm_config):
@@ -201,7 +234,7 @@ def test_kv_cache_update_writes_vllms_slots(vllm_config):
 def test_prefill_handover_goes_to_vllms_triton_attention(vllm_config, monkeypatch):
     from infera_ops.attn_paged.reference import paged_prefill_reference
 
-    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "0")
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "triton")
     lens, qlens = [40, 9], [40, 9]
     md, kv_cache, block_table = _decode_batch(vllm_config, lens, qlens)
     impl = _impl()

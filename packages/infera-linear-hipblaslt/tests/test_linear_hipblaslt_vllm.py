@@ -1,7 +1,8 @@
 """The wrapped GEMM dispatch in the real vLLM 0.32 (CPU build): a tiny random-weight Llama checkpoint
 written here, served with the op named and not, with a tuning table written for its shapes. Each linear
 call is routed by the table (kernel under Triton's interpreter, ``default-faster``, ``above-table``), the LM
-head is counted ``lm-head``, and the greedy outputs agree with plugin-off. Where vLLM's CPU build moves a
+head is counted ``lm-head``, and the outputs are as close to the fp32 model as plugin-off's
+(``infera_vllm.testing.assert_no_worse_than_vllm``). Where vLLM's CPU build moves a
 linear weight into its own packed GEMM after loading (``dispatch_cpu_unquantized_gemm(remove_weight=True)``,
 depending on the CPU's instruction set), those calls must be declined ``weight-replaced`` instead."""
 
@@ -13,9 +14,9 @@ import sys
 import pytest
 import torch
 
-from infera_vllm.testing import result_json, run_script
+from infera_vllm.testing import assert_no_worse_than_vllm, result_json, run_script
 
-pytestmark = pytest.mark.interpret
+pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build]
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
 
@@ -42,25 +43,15 @@ def main():
     prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 500 + 1 for j in range(12 + i)]} for i in range(2)]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=0, detokenize=False)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    res = [{"prompt": [pos[tok].logprob for pos, tok in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])],
-            "tokens": list(o.outputs[0].token_ids),
-            "logprobs": [lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]} for o in outs]
+    res = {"prompts": [p["prompt_token_ids"] for p in prompts],
+           "prompt_logprobs": [[pos[tok].logprob for pos, tok in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])]
+                               for o in outs],
+           "steps": [[(t, lp[t].logprob) for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outs]}
     print("RESULT" + json.dumps(res))
 
 if __name__ == "__main__":
     main()
 """
-
-
-def _assert_close(got, want):
-    for a, b in zip(got, want, strict=True):
-        # teacher-forced: every prompt position's log-probability, no argmax flips involved
-        assert max(abs(x - y) for x, y in zip(a["prompt"], b["prompt"])) < 0.05, (a, b)
-        # generated: the same tokens up to the first near-tie flip (random weights), close log-probabilities
-        n = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y), len(a["tokens"]))
-        assert n >= 3 and max(abs(x - y) for x, y in zip(a["logprobs"][:n], b["logprobs"][:n])) < 0.05, (a, b)
-
-
 
 
 SMALL = {"block_m": 16, "block_n": 32, "block_k": 32}
@@ -88,8 +79,10 @@ def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
     # read only inside infera::linear; the engine must start (no specialised graph) and give the same answers
     compiled_dir = tmp_path / "report-compiled"
     compiled = run_script(RUN, str(ckpt), "compiled", env={**on_env, "INFERA_VLLM_REPORT_DIR": str(compiled_dir)})
-    _assert_close(result_json(compiled), result_json(off))  # Inductor rounds vLLM's other ops differently: not bit-equal
-    _assert_close(result_json(on), result_json(off))
+    # teacher-forced prompt log-probs and greedy steps, each run against the fp32 model (Inductor rounds vLLM's
+    # other ops differently, and on random weights near-ties flip tokens: plugin off is no bit-exact reference)
+    print(assert_no_worse_than_vllm(str(ckpt), result_json(compiled), result_json(off)))
+    print(assert_no_worse_than_vllm(str(ckpt), result_json(on), result_json(off)))
 
     proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(report_dir), "--json"],
                           capture_output=True, text=True, check=True)

@@ -1,6 +1,8 @@
 """The out-of-tree MoE method in the real vLLM 0.32 (CPU build), kernels under Triton's interpreter: a tiny
 random-weight Qwen3-MoE checkpoint written here, served with the plugin on and off; the method is chosen,
-decode steps reach the kernel, prefill chunks above the threshold are handed over, and the outputs agree."""
+decode steps reach the kernel, prefill chunks above the threshold are handed over, and the plugin-on outputs
+are as close to the fp32 model as vLLM's own (``infera_vllm.testing.assert_no_worse_than_vllm``: on random
+weights the logits hold near-ties, so token-by-token equality with plugin off would pass or fail by machine)."""
 
 import json
 import os
@@ -10,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from infera_vllm.testing import run_script
+from infera_vllm.testing import assert_no_worse_than_vllm, result_json, run_script
 
-pytestmark = pytest.mark.interpret
+pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build]
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
 
@@ -26,8 +28,10 @@ cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe
                      norm_topk_prob=True, tie_word_embeddings=False)
 model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
 with torch.no_grad():
-    for p in model.parameters():
-        p.normal_(0, 0.2)  # random, not zeros: a routing or numerics bug must show in the outputs
+    for name, p in model.named_parameters():
+        # random, not zeros: a routing or numerics bug must show in the outputs; the experts' weights larger
+        # than the rest, so that their output dominates the residual stream and so the logits
+        p.normal_(0, 0.5 if ".experts." in name else 0.2)
 model.save_pretrained(sys.argv[1])
 """
 
@@ -41,11 +45,12 @@ def main():
               tensor_parallel_size=int(sys.argv[2]))
     # 4 sequences: prefill chunks of > 16 tokens (handed over), then decode steps of 4 tokens (kernel)
     prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 500 + 1 for j in range(20 + 3 * i)]} for i in range(4)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=1, detokenize=False),
+    outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=8, detokenize=False),
                         use_tqdm=False)
-    res = [[(o.outputs[0].token_ids[t], o.outputs[0].logprobs[t][o.outputs[0].token_ids[t]].logprob)
-            for t in range(8)] for o in outs]
-    print("RESULT" + json.dumps(res))
+    # per step: the chosen token, its log-prob, and the log-probs of the 8 most likely tokens
+    res = [[(tok, lps[tok].logprob, [[c, lp.logprob] for c, lp in lps.items()])
+            for tok, lps in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+    print("RESULT" + json.dumps({"prompts": [p["prompt_token_ids"] for p in prompts], "steps": res}))
 
 if __name__ == "__main__":
     main()
@@ -60,10 +65,6 @@ def _report(report_dir):
     return json.loads(proc.stdout)
 
 
-def _tokens(out):
-    return json.loads(out.split("RESULT")[-1].splitlines()[0])
-
-
 @pytest.fixture(scope="module")
 def checkpoint_and_baseline(tmp_path_factory):
     """The tiny checkpoint and its plugin-off, one-worker outputs (the reference for both tests)."""
@@ -71,16 +72,15 @@ def checkpoint_and_baseline(tmp_path_factory):
     ckpt = tmp / "qwen3-moe-tiny"
     run_script(MAKE, str(ckpt), env={})
     off = run_script(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(tmp / "off")})
-    return ckpt, _tokens(off)
+    return ckpt, result_json(off)
 
 
 def test_tiny_qwen3_moe_on_vs_off(tmp_path, checkpoint_and_baseline):
     ckpt, baseline = checkpoint_and_baseline
     on_dir = tmp_path / "report-on"
-    on = _tokens(run_script(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(on_dir)}))
-    pairs = [(a, b) for ra, rb in zip(on, baseline) for a, b in zip(ra, rb)]
-    assert all(a[0] == b[0] for a, b in pairs), (on, baseline)  # greedy tokens identical
-    assert max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, (on, baseline)  # logprobs: bf16 roundings only
+    on = result_json(run_script(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS": "moe-decode",
+                                                         "INFERA_VLLM_REPORT_DIR": str(on_dir)}))
+    print(assert_no_worse_than_vllm(str(ckpt), on, baseline))
 
     report = _report(on_dir)
     assert any(o["op"] == "moe-decode" and o["status"] == "active" for o in report["ops"]), report["ops"]
@@ -94,23 +94,18 @@ def test_tiny_qwen3_moe_on_vs_off(tmp_path, checkpoint_and_baseline):
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
 def test_tensor_parallel_two_workers(tmp_path, checkpoint_and_baseline):
-    """Issue #7's CPU part: tensor parallel 2 with the real vLLM CPU build spawns two worker processes; each
-    loads the plugin on its own, serves its shard of the experts (I split in two) through the kernel and
-    writes its own report; the merged report lists both ranks. Outputs: identical to tensor parallel 2 with
-    the plugin off; against one worker only up to each sequence's first near-tie flip (the split reduction
-    changes roundings, and on random weights the logits are close)."""
+    """Tensor parallel 2 with the real vLLM CPU build spawns two worker processes; each loads the plugin on
+    its own, serves its shard of the experts (I split in two) through the kernel and writes its own report;
+    the merged report lists both ranks. Outputs: as close to the fp32 model as tensor parallel 2 with the
+    plugin off (the split reduction changes roundings, so neither equals one worker's tokens)."""
     ckpt, baseline = checkpoint_and_baseline
     report_dir = tmp_path / "report-tp2"
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}  # one core per rank
-    tp2 = _tokens(run_script(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_REPORT_DIR": str(report_dir),
-                                                 **bind}))
-    tp2_off = _tokens(run_script(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind,
-                                                     "INFERA_VLLM_REPORT_DIR": str(tmp_path / "off-tp2")}))
-    pairs = [(a, b) for ra, rb in zip(tp2, tp2_off) for a, b in zip(ra, rb)]
-    assert all(a[0] == b[0] for a, b in pairs) and max(abs(a[1] - b[1]) for a, b in pairs) < 0.05, (tp2, tp2_off)
-    for seq, ref in zip(tp2, baseline):  # against one worker: the same prefix, close logprobs on it
-        n = next((i for i, (a, b) in enumerate(zip(seq, ref)) if a[0] != b[0]), len(seq))
-        assert n >= 1 and all(abs(a[1] - b[1]) < 0.05 for a, b in zip(seq[:n], ref[:n])), (seq, ref)
+    tp2 = result_json(run_script(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS": "moe-decode",
+                                                          "INFERA_VLLM_REPORT_DIR": str(report_dir), **bind}))
+    tp2_off = result_json(run_script(RUN, str(ckpt), "2", env={"INFERA_VLLM_OPS_DISABLE": "1", **bind,
+                                                              "INFERA_VLLM_REPORT_DIR": str(tmp_path / "off-tp2")}))
+    print(assert_no_worse_than_vllm(str(ckpt), tp2, tp2_off))
 
     report = _report(report_dir)
     workers = [p for p in report["processes"] if "moe-decode" in p["active"] and "Worker" in p["name"]]

@@ -33,6 +33,9 @@ REPORT_FORMAT = "infera-vllm-report/1"
 KERNEL, FALLBACK, HANDOVER = "kernel", "fallback", "handover"
 ROUTES = (KERNEL, FALLBACK, HANDOVER)
 AT = ("call", "trace", "plan")
+# Routes an op declares for calls it gives to another library's kernel by choice, because that one is faster
+# there (attn-paged's "fa3": FlashAttention-3 through vLLM). Counted like a handover, under their own name.
+_op_routes: set[str] = set()
 
 
 _counts: dict[tuple[str, str, str, str, str], int] = {}
@@ -70,8 +73,9 @@ def configure(*, report_dir: str | None, strict: bool, context: dict[str, object
 
 def counter(op: str, route: str, reason: str = "", bucket: str = "", at: str = "call") -> Callable[[], None]:
     """A zero-argument function that counts one routed call with this key."""
-    if route not in ROUTES or at not in AT:
-        raise ValueError(f"route must be one of {ROUTES} and at one of {AT}, got {route!r}, {at!r}")
+    if (route not in ROUTES and route not in _op_routes) or at not in AT:
+        raise ValueError(f"route must be one of {ROUTES + tuple(sorted(_op_routes))} and at one of {AT}, "
+                         f"got {route!r}, {at!r}")
     key = (op, route, str(reason), bucket, at)
     _ensure_flusher()  # here, where counters are made, not in hit(): the hot path stays one dict update
     if route == FALLBACK and _strict:
@@ -97,11 +101,13 @@ def record(op: str, route: str, reason: str = "", bucket: str = "", at: str = "c
 
 class CallCounts:
     """Per-call routing counts of one op, for kernels' hot paths: ``counts(reason, tokens, at)`` with reason
-    None = kernel, a reason in ``handovers`` = handover, any other = fallback; tokens None = "dynamic"
-    (decided on symbolic shapes). Each key's counter is made once; a call costs a dict lookup."""
+    None = kernel, a reason in ``handovers`` = handover, a name in ``routes`` = that route (reason empty), any
+    other = fallback; tokens None = "dynamic" (decided on symbolic shapes). Each key's counter is made once;
+    a call costs a dict lookup."""
 
-    def __init__(self, op: str, handovers: tuple[str, ...] = ()):
-        self.op, self.handovers, self._hits = op, handovers, {}
+    def __init__(self, op: str, handovers: tuple[str, ...] = (), routes: tuple[str, ...] = ()):
+        self.op, self.handovers, self.routes, self._hits = op, handovers, routes, {}
+        _op_routes.update(routes)
         self._buckets = [bucket_tokens(1 << k) for k in range(40)]
 
     def __call__(self, reason: str | None, tokens: int | None, at: str = "call") -> None:
@@ -109,7 +115,10 @@ class CallCounts:
         key = (reason, bucket, at)
         hit = self._hits.get(key)
         if hit is None:
-            route = KERNEL if reason is None else HANDOVER if reason in self.handovers else FALLBACK
+            if reason in self.routes:
+                route, reason = reason, None
+            else:
+                route = KERNEL if reason is None else HANDOVER if reason in self.handovers else FALLBACK
             hit = self._hits[key] = counter(self.op, route, reason or "", bucket, at)
         hit()
 

@@ -1,9 +1,11 @@
 """The vLLM side of infera-attn-paged: an attention backend that is vLLM's Triton backend (same KV-cache
 layout, same KV writes, same metadata) whose ``forward`` runs the split-KV decode kernel (kernels.py) on
-pure decode batches and the ragged kernel (prefill_kernels.py) on prefill and mixed batches, and hands
-what they cannot serve to the parent, so such a call runs exactly what ``TRITON_ATTN`` would have run.
-Every decision is counted (guard.py has the reasons). ``INFERA_ATTN_PAGED_PREFILL=0`` hands prefill and
-mixed batches to the parent by design (``prefill-handover``).
+pure decode batches, and prefill and mixed batches on the fastest kernel there is for them: FlashAttention-3
+(vLLM's build, over the same cache views) where it runs on this GPU, counted as route ``fa3``, else the
+ragged kernel (prefill_kernels.py). What they cannot serve goes to the parent, so such a call runs exactly
+what ``TRITON_ATTN`` would have run. Every decision is counted (guard.py has the reasons).
+``INFERA_ATTN_PAGED_PREFILL`` (guard.prefill_route) overrides the prefill route: ``kernel``, ``fa3`` or
+``triton`` (the parent by design, ``prefill-handover``).
 
 Registered in the ``CUSTOM`` slot (seam.py), selected with ``--attention-backend CUSTOM``. Imported only once
 the plugin's checks passed (it imports torch and vLLM).
@@ -23,7 +25,23 @@ from infera_ops.attn_paged import guard, ops
 from infera_vllm import coverage
 
 OP_NAME = "attn-paged"
-_count = coverage.CallCounts(OP_NAME, guard.HANDOVERS)
+_count = coverage.CallCounts(OP_NAME, guard.HANDOVERS, guard.ROUTES)
+_FA3: list = []  # [flash_attn_varlen_func or None, reason or None], resolved once per process
+
+
+def fa3_unavailable() -> str | None:
+    """None where vLLM's FlashAttention-3 runs on this GPU (its own check), else why not (another platform,
+    a GPU before Hopper, a vLLM build without it)."""
+    if not _FA3:
+        try:
+            from vllm.vllm_flash_attn import flash_attn_varlen_func
+            from vllm.vllm_flash_attn.flash_attn_interface import fa_version_unsupported_reason, is_fa_version_supported
+        except Exception as exc:  # noqa: BLE001  (any import failure means: not here)
+            _FA3[:] = [None, f"vllm.vllm_flash_attn: {exc}"]
+        else:
+            ok = torch.cuda.is_available() and is_fa_version_supported(3)
+            _FA3[:] = [flash_attn_varlen_func if ok else None, None if ok else str(fa_version_unsupported_reason(3))]
+    return _FA3[1]
 
 
 def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,31 +51,34 @@ def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torc
     return kv_cache.transpose(1, 2).split(head_size, dim=-1)
 
 
-def split_table(max_seqs: int, num_kv_heads: int, device) -> list[int]:
-    """The decode kernel's slice count for each batch size 0..max_seqs (index = batch size)."""
-    return [1] + [ops.choose_num_splits(b, num_kv_heads, device) for b in range(1, max_seqs + 1)]
+def split_table(max_seqs: int, num_kv_heads: int, device, head_size: int) -> list[int]:
+    """The decode kernel's slice cap for each batch size 0..max_seqs (index = batch size)."""
+    return [1] + [ops.split_cap(b, num_kv_heads, device, head_size=head_size) for b in range(1, max_seqs + 1)]
 
 
 def workspace_for(splits: list[int], num_heads: int, head_size: int, device) -> ops.Workspace:
-    """The decode workspace for every batch size in ``splits``: slices shrink as the batch grows, so the
-    largest batch x slices product bounds it (about a MiB, not max_num_seqs x MAX_SPLITS)."""
-    return ops.Workspace(max(b * s for b, s in enumerate(splits)), num_heads, head_size, device)
+    """The decode workspace for every batch size in ``splits`` that splits at all (a cap of 1 writes no
+    partials): the cap shrinks as the batch grows, so the largest batch x cap product (at most
+    programs_per_sm x SMs / KV heads rows) bounds it, not max_num_seqs x MAX_SPLITS."""
+    return ops.Workspace(max((b * s for b, s in enumerate(splits) if s > 1), default=0), num_heads, head_size, device)
 
 
 class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
-    """Triton's builder plus the decode kernel's slice count and workspace, both fixed per batch size, so a
-    full CUDA graph captured at one batch size replays with any context length."""
+    """Triton's builder plus the decode kernel's slice cap and workspace, both fixed per batch size (each
+    sequence's slice count is chosen on the device from its length), so a full CUDA graph captured at one
+    batch size replays with any context length."""
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._infera_splits = split_table(vllm_config.scheduler_config.max_num_seqs, self.num_heads_kv, device)
+        self._infera_splits = split_table(vllm_config.scheduler_config.max_num_seqs, self.num_heads_kv, device,
+                                          self.headdim)
         self.infera_workspace = workspace_for(self._infera_splits, self.num_heads_q, self.headdim, device)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
         num_seqs = common_attn_metadata.num_reqs
         md.infera_num_splits = (self._infera_splits[num_seqs] if num_seqs < len(self._infera_splits)
-                                else ops.choose_num_splits(num_seqs, self.num_heads_kv, self.device))
+                                else ops.split_cap(num_seqs, self.num_heads_kv, self.device, head_size=self.headdim))
         md.infera_workspace = self.infera_workspace
         return md
 
@@ -70,7 +91,12 @@ class InferaAttentionImpl(TritonAttentionImpl):
             getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1))
         self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
         self._infera_softcap = float(self.logits_soft_cap or 0.0)
-        self._infera_prefill = guard.prefill_on_kernel()  # validated when the op activated
+        route = guard.prefill_route()  # validated when the op activated
+        if guard.prefill_on_fa3(route, fa3_unavailable(), self.head_size):
+            self._infera_prefill = guard.FA3
+            self._infera_s_aux = None if self.sinks is None else self.sinks.to(torch.bfloat16)  # FA3 takes bf16
+        else:
+            self._infera_prefill = "triton" if route == "triton" else "kernel"
         if self._infera_layer_decline is not None:
             _count(self._infera_layer_decline, None, "plan")
 
@@ -86,7 +112,13 @@ class InferaAttentionImpl(TritonAttentionImpl):
         if reason is None:
             extras = (getattr(attn_metadata, "mm_prefix_range_tensor", None) is not None
                       or getattr(attn_metadata, "rswa_prefix_lens", None) is not None)
-            reason = guard.batch_decline(query, decode, self._infera_prefill, extras,
+            capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
+            # FA3 picks its schedule from this batch's lengths: outside CUDA graphs only (under a full graph
+            # a captured prefill or mixed batch runs the ragged kernel, whose grid is fixed by its shape)
+            prefill = self._infera_prefill
+            if prefill == guard.FA3 and not decode and (capturing or kv_views(kv_cache, self.head_size)[0].shape[1] % 16):
+                prefill = "kernel"  # FA3's paged cache takes pages of a multiple of 16 tokens
+            reason = guard.batch_decline(query, decode, prefill, extras,
                                          output_scale is not None or output_block_scale is not None,
                                          attn_metadata.causal)
             workspace = getattr(attn_metadata, "infera_workspace", None)
@@ -94,20 +126,34 @@ class InferaAttentionImpl(TritonAttentionImpl):
             if reason is None and splits > 1 and (workspace is None or not workspace.fits(
                     num_seqs, self.num_heads, self.head_size, splits)):
                 reason = "workspace"
-            capturing = query.is_cuda and torch.cuda.is_current_stream_capturing()
             _count(reason, tokens, "plan" if capturing else "call")
+        if reason == guard.FA3:
+            return self._fa3_forward(query, kv_cache, attn_metadata, output)
         if reason is not None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                    output_block_scale)
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
         if decode:
             ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens,
-                             self.scale, output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
+                              self.scale, output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
                              softcap=self._infera_softcap, num_splits=splits, workspace=workspace)
         else:
             ops.paged_prefill(query[:tokens], key_cache, value_cache, attn_metadata.block_table, seq_lens,
                               attn_metadata.query_start_loc, self.scale, output[:tokens], sinks=self.sinks,
                               window_left=self._infera_window, softcap=self._infera_softcap)
+        return output
+
+    def _fa3_forward(self, query, kv_cache, md, output):
+        """A prefill or mixed batch on FlashAttention-3, called as vLLM's FLASH_ATTN backend calls it
+        (FlashAttentionImpl.forward: varlen over the paged cache views, causal, the layer's window, soft-cap
+        and sinks) on the Triton builder's metadata; no AOT schedule (FA3 computes it from the same lengths)."""
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        tokens = md.num_actual_tokens
+        window = [self._infera_window, 0] if self._infera_window >= 0 else [-1, -1]
+        _FA3[0](q=query[:tokens], k=key_cache, v=value_cache, out=output[:tokens], cu_seqlens_q=md.query_start_loc,
+                max_seqlen_q=md.max_query_len, seqused_k=md.seq_lens, max_seqlen_k=md.max_seq_len,
+                softmax_scale=self.scale, causal=True, window_size=window, block_table=md.block_table,
+                softcap=self._infera_softcap, fa_version=3, s_aux=self._infera_s_aux)
         return output
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):

@@ -14,6 +14,10 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 # By design, not capability limits: coverage route "handover" (strict mode lets them through). Every other
 # reason is a capability the kernels lack, counted as a fallback, which INFERA_VLLM_STRICT=1 refuses.
 HANDOVERS = ("prefill-handover",)
+# Calls given to FlashAttention-3 (vLLM's build) because it is faster there: a route of their own.
+FA3 = "fa3"
+ROUTES = (FA3,)
+PREFILL_ROUTES = ("auto", "fa3", "kernel", "triton")
 
 
 def _switch(name: str, default: str) -> bool:
@@ -23,9 +27,21 @@ def _switch(name: str, default: str) -> bool:
     return value == "1"
 
 
-def prefill_on_kernel() -> bool:
-    """``INFERA_ATTN_PAGED_PREFILL``: 1 (default) the ragged kernel serves prefill, 0 vLLM's Triton kernel."""
-    return _switch("INFERA_ATTN_PAGED_PREFILL", "1")
+def prefill_route() -> str:
+    """``INFERA_ATTN_PAGED_PREFILL``: who serves prefill and mixed batches. ``auto`` (default): FA3 where vLLM's
+    FA3 runs on this GPU (it is faster than the ragged kernel at every measured prefill shape on the H200,
+    docs/operators/attn-paged.md), else the ragged kernel; ``fa3``: FA3 (the ragged kernel where FA3 is
+    absent); ``kernel``: the ragged kernel; ``triton``: vLLM's Triton attention (``prefill-handover``)."""
+    value = os.environ.get("INFERA_ATTN_PAGED_PREFILL", "auto")
+    if value not in PREFILL_ROUTES:
+        raise ValueError(f"INFERA_ATTN_PAGED_PREFILL must be one of {', '.join(PREFILL_ROUTES)}, got {value!r}")
+    return value
+
+
+def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
+    """Does FA3 take this layer's prefill and mixed batches? ``fa3_reason`` is None where vLLM's FA3 runs here
+    (backend.fa3_unavailable), else why not; FA3 takes head sizes up to 256 in multiples of 8."""
+    return route in ("auto", "fa3") and fa3_reason is None and head_size % 8 == 0 and head_size <= 256
 
 
 def platform_default() -> bool:
@@ -55,11 +71,12 @@ def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool
     return max_query_len == 1 and num_actual_tokens >= num_seqs
 
 
-def batch_decline(query: torch.Tensor, decode: bool, prefill_on_kernel: bool, extras_present: bool,
+def batch_decline(query: torch.Tensor, decode: bool, prefill_route: str, extras_present: bool,
                   quantized_output: bool, causal: object = True) -> str | None:
     """None when the kernels serve this batch, else a reason code (decided per batch). ``causal`` is vLLM's
-    metadata flag: True, False, or a per-request tensor; the ragged kernel is causal only (a one-token decode
-    query sees its whole sequence either way)."""
+    metadata flag: True, False, or a per-request tensor; the ragged kernel and the FA3 route are causal only
+    (a one-token decode query sees its whole sequence either way). ``prefill_route``: the layer's resolved
+    route for prefill and mixed batches ("fa3", "kernel" or "triton")."""
     if quantized_output:
         return "output-quant"
     if query.dtype not in DTYPES:
@@ -68,6 +85,8 @@ def batch_decline(query: torch.Tensor, decode: bool, prefill_on_kernel: bool, ex
         return "mm-prefix-or-rswa"  # multimodal bidirectional prefixes, RSWA prefix lengths
     if not decode and causal is not True:
         return "non-causal"
-    if not decode and not prefill_on_kernel:
-        return "prefill-handover"  # INFERA_ATTN_PAGED_PREFILL=0: vLLM's Triton kernel serves prefill
+    if not decode and prefill_route == "triton":
+        return "prefill-handover"  # INFERA_ATTN_PAGED_PREFILL=triton: vLLM's Triton kernel serves prefill
+    if not decode and prefill_route == FA3:
+        return FA3
     return None

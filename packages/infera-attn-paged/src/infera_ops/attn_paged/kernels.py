@@ -10,22 +10,36 @@ where L_b = seq_lens[b], lo_b = max(0, L_b - 1 - window_left) under a sliding wi
 maximum, and the sink term present only for models with attention sinks (gpt-oss: one learned logit per
 query head that takes probability mass but carries no value).
 
-Work split (``_paged_decode_kernel``, grid = (B, Hkv, S)): program (b, h, s) takes the s-th of S equal,
-BLOCK_N-aligned slices of [lo_b, L_b), loads the G query rows once and walks its slice in tiles of BLOCK_N
-positions, each K/V tile read once for all G heads (a [BLOCK_G, D] x [D, BLOCK_N] tensor-core product), with
-the online softmax in fp32 and exp2. S is chosen on the host from B and Hkv only (ops.choose_num_splits), so
-a CUDA graph captured for a batch size serves every context length: slices are sized on the device from
-L_b, and programs whose slice is empty only mark it empty.
+Work split (``_paged_decode_kernel``, grid = (B, Hkv, S)): S, the slice cap, is fixed on the host from the
+batch size and head count only (ops.split_cap), so a CUDA graph captured for a batch size serves every
+context length. Each sequence's own slice count is chosen on the device from its length:
 
-With S > 1 (``SPLIT``) each program writes its normalised partial output and log2-sum-exp in fp32, and
-``_paged_decode_reduce_kernel`` (grid = (B, Hq)) merges the S slices, adding the sink to the denominator.
-With S = 1 the first kernel normalises and writes the output itself (one launch, no fp32 round trip).
+    S_b = min(S, max(1, ceil((L_b - lo_b) / split_keys)))
+
+so a slice holds at least ``split_keys`` keys (short sequences are not cut into slices whose fixed cost
+outweighs their reads) and long sequences use every slice the batch leaves room for. Program (b, h, s) with
+s < S_b takes the s-th of S_b equal, BLOCK_N-aligned slices of [lo_b, L_b); programs with s >= S_b exit at
+once. Each loads the G query rows once and walks its slice in tiles of BLOCK_N positions, each K/V tile read
+once for all G heads (a [BLOCK_G, D] x [D, BLOCK_N] tensor-core product), with the online softmax in fp32
+and exp2.
+
+A sequence with S_b = 1 is finished by its only program (normalised, sinks added, written to ``out``). With
+S_b > 1 each program writes its normalised partial output and log2-sum-exp in fp32, and
+``_paged_decode_reduce_kernel`` (grid = (B, Hq)) merges the S_b slices, adding the sink to the denominator;
+it recomputes S_b from the same length, so no per-sequence count is stored. With ``USE_PDL`` the reduce is
+launched as a programmatic dependent of the main kernel (Hopper and later): its programs start while the
+main kernel drains and wait (``gdc_wait``) until its writes are visible, which hides one launch latency.
 """
 
 import triton
 import triton.language as tl
 
 from infera_vllm.triton_dot import dot as _dot
+
+try:  # programmatic dependent launch (Triton >= 3.4 on CUDA); only traced when USE_PDL is set
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: USE_PDL stays off (ops.pdl_supported)
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -79,6 +93,16 @@ def _with_sinks(acc, l, m, sinks_ptr, heads, ok):
 
 
 @triton.jit
+def _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW: tl.constexpr):
+    """(first key, slice count S_b) of a sequence of ``seq_len`` keys under a slice cap S."""
+    start = 0
+    if HAS_WINDOW:
+        start = tl.maximum(seq_len - 1 - window_left, 0)
+    n_slices = tl.minimum(tl.maximum(tl.cdiv(seq_len - start, split_keys), 1), S)
+    return start, n_slices
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, Hq, D], unit stride along D
     q_seq_stride,
@@ -95,25 +119,27 @@ def _paged_decode_kernel(
     block_table_stride,
     seq_lens_ptr,  # [B] int32 keys per sequence (the query is the last one)
     sinks_ptr,  # [Hq] fp32 logits, read only when HAS_SINKS
-    out_ptr,  # [B, Hq, D] written when not SPLIT
+    out_ptr,  # [B, Hq, D]: written by sequences of one slice
     out_seq_stride,
     out_head_stride,
-    part_out_ptr,  # [B, Hq, S, D] fp32 contiguous, written when SPLIT
-    part_lse_ptr,  # [B, Hq, S] fp32 log2-sum-exp of each slice (-inf: empty slice)
+    part_out_ptr,  # [B, Hq, S, D] fp32 contiguous, written by sequences of several slices (SPLIT only)
+    part_lse_ptr,  # [B, Hq, S] fp32 log2-sum-exp of each slice (-inf: a slice with no visible key)
     scale,  # softmax scale (natural units)
     softcap,  # logits soft-cap; read only when HAS_SOFTCAP
     window_left,  # keys at most this far behind the query; read only when HAS_WINDOW
+    split_keys,  # the fewest keys a slice takes (S_b above)
     G: tl.constexpr,  # query heads per KV head
     BLOCK_G: tl.constexpr,  # >= G and >= 16 (tl.dot's smallest M)
     D: tl.constexpr,  # head size
     BLOCK_D: tl.constexpr,  # next power of two >= D (80, 96 are masked)
     PAGE: tl.constexpr,  # KV-cache block size (tokens per page)
     BLOCK_N: tl.constexpr,  # key positions per tile
-    SPLIT: tl.constexpr,  # S > 1: write partials for the reduce kernel, else the output
+    SPLIT: tl.constexpr,  # grid S > 1: sequences may take several slices (partials + the reduce kernel)
     HAS_SINKS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
+    USE_PDL: tl.constexpr,  # let the reduce kernel launch early (programmatic dependent launch)
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -121,10 +147,10 @@ def _paged_decode_kernel(
     S = tl.num_programs(2)
 
     seq_len = tl.load(seq_lens_ptr + b)
-    start = 0
-    if HAS_WINDOW:
-        start = tl.maximum(seq_len - 1 - window_left, 0)
-    per_split = tl.cdiv(tl.cdiv(seq_len - start, S), BLOCK_N) * BLOCK_N
+    start, n_slices = _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW)
+    if s >= n_slices:
+        return
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, n_slices), BLOCK_N) * BLOCK_N
     lo = start + s * per_split
     hi = tl.minimum(lo + per_split, seq_len)
 
@@ -152,8 +178,8 @@ def _paged_decode_kernel(
                          d, d_ok, PAGE)
         m, l, acc = _attend_tile(q, k, v, n_ok[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT)
 
-    if SPLIT:
-        # empty slice: l = 0, lse = -inf, and the reduce gives it weight 0 without reading its output
+    if SPLIT and n_slices > 1:
+        # a slice with no visible key: l = 0, lse = -inf, and the reduce gives it weight 0 without its output
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
         row = (b * (tl.num_programs(1) * G) + heads) * S + s
         tl.store(part_lse_ptr + row, lse, mask=g_ok)
@@ -165,6 +191,8 @@ def _paged_decode_kernel(
         o = acc / tl.where(l > 0, l, 1.0)[:, None]  # a sequence with no keys (padding) gets zeros
         tl.store(out_ptr + b * out_seq_stride + heads[:, None] * out_head_stride + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    if USE_PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -172,22 +200,34 @@ def _paged_decode_reduce_kernel(
     part_out_ptr,  # [B, Hq, S, D] fp32
     part_lse_ptr,  # [B, Hq, S] fp32 (log2 units)
     sinks_ptr,  # [Hq] fp32, read only when HAS_SINKS
+    seq_lens_ptr,  # [B] int32, for each sequence's slice count
     out_ptr,  # [B, Hq, D]
     out_seq_stride,
     out_head_stride,
-    S,
+    S,  # the slice cap the main kernel ran with
+    window_left,  # as the main kernel; read only when HAS_WINDOW
+    split_keys,  # as the main kernel
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # next power of two >= S
     HAS_SINKS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the main kernel's writes
 ):
-    """o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over slices and sink."""
+    """o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over slices and sink,
+    over the S_b slices of sequences with S_b > 1 (the main kernel wrote the others' outputs itself)."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    _, n_slices = _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW)
+    if n_slices <= 1:
+        return
+    if USE_PDL:
+        gdc_wait()
     row = b * tl.num_programs(1) + hq
     sl = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < S, other=float("-inf"))
+    lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
     big = tl.max(lse, axis=0)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634

@@ -12,14 +12,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from infera_ops.attn_paged import tuning
 from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel
 from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel
 from infera_vllm import triton_dot
 
 MAX_SPLITS = 64
-# Programs to aim for: two per SM keep every SM busy with one program waiting on memory while the other
-# computes (H200: 132 SMs). On the CPU (interpreter) any figure works; 16 exercises the split path.
-PROGRAMS_PER_SM = 2
 
 
 @dataclass(frozen=True)
@@ -29,15 +27,39 @@ class LaunchConfig:
     num_stages: int = 2
 
 
+@dataclass(frozen=True)
+class SplitPolicy:
+    """How the decode kernel cuts sequences into slices (kernels.py): the slice cap S fills about
+    ``programs_per_sm`` programs per SM over the batch's (sequence, KV head) pairs, and each sequence takes
+    ceil(keys / ``split_keys``) slices up to S, on the device. Many programs in flight per SM is what keeps
+    HBM busy in decode (each program has one tile's loads outstanding at a time); a slice must still hold
+    enough keys that its fixed cost (query load, partial write, its share of the merge) stays small."""
+
+    programs_per_sm: int = 16
+    split_keys: int = 128
+
+
 # Defaults chosen so that ptxas reports no register spills for sm90 (compiled ahead of time with Triton 3.9,
 # `ptxas -v`; see docs/operators/attn-paged.md): the tiles' 64-bit gather addresses, one per element, cost
 # more registers than the data. Decode at D = 128 with 64-key tiles and 4 warps spilled 548 bytes per thread
 # (255 registers); 32-key tiles fit in 255 registers, two programs per SM. D = 64 fits 64-key tiles (230).
-# Not yet swept on a GPU (benchmarks/bench_attn_paged.py BENCH_SWEEP=1 does).
 def launch_config(head_size: int) -> LaunchConfig:
     if head_size <= 64:
         return LaunchConfig(block_n=64, num_warps=4, num_stages=2)
     return LaunchConfig(block_n=32, num_warps=4, num_stages=2)  # 80 / 96 / 128 (padded to 128) and 256
+
+
+SPLIT_POLICY = SplitPolicy()
+
+
+def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, bool]:
+    """(launch config, split policy, PDL) for the decode kernel on this device: the family's tuning file
+    (tuning.py) where it has one, else launch_config, SPLIT_POLICY and PDL where supported."""
+    tuned = tuning.decode_settings(head_size, device)
+    if tuned is None:
+        return launch_config(head_size), SPLIT_POLICY, pdl_supported(device)
+    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages),
+            SplitPolicy(tuned.programs_per_sm, tuned.split_keys), tuned.pdl and pdl_supported(device))
 
 
 def _sm_count(device: torch.device) -> int:
@@ -46,19 +68,43 @@ def _sm_count(device: torch.device) -> int:
     return 8
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device, max_splits: int = MAX_SPLITS) -> int:
-    """Slices per sequence so that batch x KV heads x slices fills one wave of PROGRAMS_PER_SM programs on
-    every SM (rounded down: a second, partial wave would cost a whole program's latency); in [1, max_splits].
+def split_cap(batch: int, num_kv_heads: int, device: torch.device, policy: SplitPolicy | None = None,
+              head_size: int | None = None) -> int:
+    """The slice cap S for a batch size: programs_per_sm x SMs programs over batch x KV heads, in
+    [1, MAX_SPLITS]. Depends on the batch size and head count only, never on context lengths, so a CUDA graph
+    captured for one batch size replays with any lengths (each sequence's slice count is chosen on the device
+    from its length, see kernels.py). Policy: the given one, else the device's for ``head_size`` (or
+    SPLIT_POLICY without one)."""
+    if policy is None:
+        policy = decode_defaults(head_size, device)[1] if head_size else SPLIT_POLICY
+    return max(1, min(MAX_SPLITS, policy.programs_per_sm * _sm_count(device) // (batch * num_kv_heads)))
 
-    Depends on the batch size and head count only, never on context lengths: a CUDA graph captured for one
-    batch size replays with any lengths (each slice is sized on the device from the sequence's length)."""
-    slots = PROGRAMS_PER_SM * _sm_count(device)
-    return max(1, min(max_splits, slots // (batch * num_kv_heads)))
+
+def slices_per_sequence(seq_lens: torch.Tensor, cap: int, *, window_left: int = -1,
+                        policy: SplitPolicy | None = None) -> torch.Tensor:
+    """The slice count the kernel gives each sequence (kernels.py's S_b), computed in torch: for tests and
+    benchmarks; the kernels compute it themselves."""
+    policy = policy or SPLIT_POLICY
+    span = seq_lens.long() if window_left < 0 else torch.clamp(seq_lens.long(), max=window_left + 1)
+    return torch.clamp((span + policy.split_keys - 1) // policy.split_keys, min=1, max=cap)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch for the reduce kernel: Hopper or later, a Triton that has it, and not
+    Triton's interpreter."""
+    if device.type != "cuda" or triton_dot.fp32_dot() or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 class Workspace:
     """fp32 partial outputs and log-sum-exps for up to ``max_rows`` (sequence, slice) pairs, reused by every
-    layer: a decode batch of B sequences in S slices needs B·S rows."""
+    layer: a decode batch of B sequences under a slice cap S needs B·S rows."""
 
     def __init__(self, max_rows: int, num_heads: int, head_size: int, device, max_splits: int = MAX_SPLITS):
         self.max_rows, self.num_heads, self.head_size, self.max_splits = max_rows, num_heads, head_size, max_splits
@@ -83,13 +129,18 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
                  seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None = None, *,
                  sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
                  num_splits: int | None = None, workspace: Workspace | None = None,
-                 config: LaunchConfig | None = None) -> torch.Tensor:
+                 config: LaunchConfig | None = None, policy: SplitPolicy | None = None,
+                 pdl: bool | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its paged keys and values (see kernels.py).
 
     q ``[B, Hq, D]``; key_cache / value_cache ``[num_blocks, block_size, Hkv, D]`` (vLLM's views; unit stride
     along D); block_table ``[B, pages]`` and seq_lens ``[B]`` int32; sinks ``[Hq]`` logits or None;
     window_left >= 0 keeps keys at most that far behind the query (vLLM's ``sliding_window - 1``), -1 all;
-    softcap > 0 caps the logits. Writes and returns ``out`` ``[B, Hq, D]``.
+    softcap > 0 caps the logits. ``num_splits`` is the slice cap S (default :func:`split_cap`); each
+    sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes; ``pdl``
+    whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`); each defaults
+    to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
+    sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
     """
     B, Hq, D = q.shape
     page, Hkv = _check(q, key_cache, value_cache)
@@ -97,8 +148,10 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         out = torch.empty_like(q)
     if B == 0:
         return out
-    cfg = config or launch_config(D)
-    splits = num_splits or choose_num_splits(B, Hkv, q.device)
+    tuned_cfg, tuned_policy, tuned_pdl = decode_defaults(D, q.device)
+    cfg, policy = config or tuned_cfg, policy or tuned_policy
+    splits = num_splits or split_cap(B, Hkv, q.device, policy)
+    use_pdl = tuned_pdl if pdl is None else pdl and pdl_supported(q.device)
     G = Hq // Hkv
     common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
                   PAGE=page, BLOCK_N=cfg.block_n, HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0,
@@ -117,13 +170,16 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table, block_table.stride(0), seq_lens, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), part_out, part_lse,
-        float(scale), float(softcap), int(window_left),
-        SPLIT=splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+        float(scale), float(softcap), int(window_left), int(policy.split_keys),
+        SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **common)
     if splits > 1:
+        pdl_kw = {"launch_pdl": True} if use_pdl else {}
         _paged_decode_reduce_kernel[(B, Hq)](
-            part_out, part_lse, sinks if sinks is not None else q, out, out.stride(0), out.stride(1), splits,
+            part_out, part_lse, sinks if sinks is not None else q, seq_lens, out, out.stride(0), out.stride(1),
+            splits, int(window_left), int(policy.split_keys),
             D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=triton.next_power_of_2(splits),
-            HAS_SINKS=sinks is not None, num_warps=4)
+            HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=4, **pdl_kw)
     return out
 
 

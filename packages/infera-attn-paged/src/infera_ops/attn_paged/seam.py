@@ -33,9 +33,13 @@ def activate(ctx) -> Decline | None:
 
     from infera_ops.attn_paged import guard
 
-    # a bad switch value raises here: the op declines activate-error with the message, vLLM is unharmed
-    guard.prefill_on_kernel()
+    from infera_ops.attn_paged import tuning
+
+    # a bad switch value or tuning file raises here: the op declines activate-error with the message, vLLM is
+    # unharmed
+    guard.prefill_route()
     default = guard.platform_default()
+    tuning.load(ctx.env.gpu_family or "unknown")
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"

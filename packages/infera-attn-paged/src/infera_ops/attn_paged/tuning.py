@@ -1,0 +1,85 @@
+"""Per-GPU-family launch settings of the decode kernel, by head size: tile, warps, stages, split policy and
+programmatic dependent launch. One JSON file per family in ``tuning/`` (written by
+``benchmarks/tune_attn_paged.py`` on that GPU); ``INFERA_ATTN_PAGED_TUNING=path.json`` replaces it. A family
+without a file uses ops.py's defaults (which compile without spills on sm90).
+
+File format: ``{"decode": {"64": {...}, "128": {...}}, "measured": {...}}`` where each entry holds
+``block_n``, ``num_warps``, ``num_stages`` (ops.LaunchConfig), ``programs_per_sm``, ``split_keys``
+(ops.SplitPolicy) and ``pdl``; a head size takes the entry of the smallest listed size >= it (80 and 96 take
+128's), else the largest.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+
+class TuningError(ValueError):
+    """A tuning file that cannot be used (named, with what is wrong)."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    block_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int
+    split_keys: int
+    pdl: bool = True
+
+
+def family_of(device) -> str:
+    """sm90, gfx942, ... for a torch device; "cpu" for the CPU."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    return "cpu" if kind != "cuda" else _cuda_family(getattr(device, "index", None))
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_family(index) -> str:
+    import torch
+
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm{major}{minor}"
+
+
+def _parse(text: str, source: str) -> dict[int, DecodeSettings]:
+    try:
+        doc = json.loads(text)
+        entries = doc["decode"]
+        return {int(size): DecodeSettings(**{k: v for k, v in entry.items() if k != "measured"})
+                for size, entry in entries.items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TuningError(f"{source}: not a decode tuning file ({exc})") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _table(family: str, override: str) -> dict[int, DecodeSettings]:
+    if override:
+        try:
+            with open(override) as f:
+                return _parse(f.read(), override)
+        except OSError as exc:
+            raise TuningError(f"INFERA_ATTN_PAGED_TUNING={override!r}: {exc.strerror}") from exc
+    packaged = resources.files("infera_ops.attn_paged").joinpath("tuning", f"{family}.json")
+    return _parse(packaged.read_text(), f"tuning/{family}.json") if packaged.is_file() else {}
+
+
+def load(family: str) -> dict[int, DecodeSettings]:
+    """The family's table by head size (empty: not tuned); TuningError for a file that cannot be used, which
+    the op's activation turns into a decline before any call is served."""
+    return _table(family, os.environ.get("INFERA_ATTN_PAGED_TUNING", "").strip())
+
+
+def decode_settings(head_size: int, device) -> DecodeSettings | None:
+    """The family's settings for this head size, or None (not tuned: ops.py's defaults)."""
+    table = load(family_of(device))
+    if not table:
+        return None
+    fits = [size for size in table if size >= head_size]
+    return table[min(fits)] if fits else None
