@@ -13,10 +13,10 @@ export INFERA_GPU_FAMILY=sm90
 
 run_package() {  # run_package DIR TIMEOUT_S
   local name; name=$(basename "$1")
-  { echo "commit $INFERA_COMMIT  package $name  $(date -u +%FT%TZ)"
+  ( echo "commit $INFERA_COMMIT  package $name  $(date -u +%FT%TZ)"
     timeout "$2" python3 -m pytest -p no:cacheprovider -q -rfEs -m "not cpu_build" "$1/tests" 2>&1
-    local rc=$?; echo "exit $rc"; exit $rc
-  } > "$OUT/pytest_$name.txt"
+    rc=$?; echo "exit $rc"; exit $rc
+  ) > "$OUT/pytest_$name.txt"  # a subshell: its exit ends only this package
   local rc=$?
   echo "$name: $(grep -E '(passed|failed|error|no tests ran)' "$OUT/pytest_$name.txt" | tail -1) (exit $rc)"
   return $rc

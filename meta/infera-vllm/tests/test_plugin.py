@@ -68,6 +68,7 @@ def test_allow_and_exclude_lists(tmp_path):
     assert ops["attn-paged"]["reason"] == "not-requested"
 
 
+@pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_strict_turns_declines_into_errors(tmp_path):
     proc = run_python(LOAD_TWICE, check=False, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_STRICT": "1"})
     assert proc.returncode != 0
