@@ -32,6 +32,20 @@ def test_counter_rejects_unknown_route_or_time(route, at):
         coverage.counter("norm", route, at=at)
 
 
+def test_call_counts_routes_an_op_declares(monkeypatch):
+    """A reason an op declares as a route of its own (attn-paged's "fa3") is counted under that route, with no
+    reason, and strict mode lets it through like a handover; other reasons keep their routes."""
+    monkeypatch.setattr(coverage, "_strict", True)
+    counts = coverage.CallCounts("attn-demo", handovers=("by-design",), routes=("other-lib",))
+    counts("other-lib", 3)
+    counts(None, 1)
+    counts("by-design", 2)
+    got = {(c["route"], c["reason"], c["bucket"]): c["count"] for c in coverage.snapshot()["counts"]}
+    assert got == {("other-lib", "", "3-4"): 1, ("kernel", "", "1"): 1, ("handover", "by-design", "2"): 1}
+    with pytest.raises(coverage.StrictDeclineError):
+        counts("no-capability", 1)  # a fallback: strict mode refuses it
+
+
 @pytest.mark.parametrize("n, bucket", [(1, "1"), (2, "2"), (3, "3-4"), (4, "3-4"), (5, "5-8"), (8, "5-8"), (9, "9-16"),
                                        (1000, "513-1024"), (1025, "1025-2048")])
 def test_bucket_tokens(n, bucket):

@@ -31,18 +31,17 @@ class LaunchConfig:
 class SplitPolicy:
     """How the decode kernel cuts sequences into slices (kernels.py): the slice cap S fills about
     ``programs_per_sm`` programs per SM over the batch's (sequence, KV head) pairs, and each sequence takes
-    ceil(keys / ``split_keys``) slices up to S, on the device. Many programs in flight per SM is what keeps
-    HBM busy in decode (each program has one tile's loads outstanding at a time); a slice must still hold
-    enough keys that its fixed cost (query load, partial write, its share of the merge) stays small."""
+    ceil(keys / ``split_keys``) slices up to S, on the device. Enough programs in flight per SM is what keeps
+    HBM busy in decode (each program has only its pipeline's few tiles of loads outstanding); a slice must
+    still hold enough keys that its fixed cost (query load, partial write, its share of the merge) stays
+    small. The defaults serve families without a tuning file."""
 
     programs_per_sm: int = 16
     split_keys: int = 128
 
 
-# Defaults chosen so that ptxas reports no register spills for sm90 (compiled ahead of time with Triton 3.9,
-# `ptxas -v`; see docs/operators/attn-paged.md): the tiles' 64-bit gather addresses, one per element, cost
-# more registers than the data. Decode at D = 128 with 64-key tiles and 4 warps spilled 548 bytes per thread
-# (255 registers); 32-key tiles fit in 255 registers, two programs per SM. D = 64 fits 64-key tiles (230).
+# Launch sizes for a GPU family without a tuning file (tuning.py; sm90 has one, measured): small tiles
+# that compile for every family without spills.
 def launch_config(head_size: int) -> LaunchConfig:
     if head_size <= 64:
         return LaunchConfig(block_n=64, num_warps=4, num_stages=2)
