@@ -41,6 +41,18 @@ def test_vllm_missing_and_bad_specifier(env):
     assert compat.check_versions(_spec(vllm="version two"), env).code == Reason.SPEC_ERROR
 
 
+@pytest.mark.parametrize("field, kw", [
+    ("vllm", {"vllm": "0.26"}), ("torch", {"torch": "two"}), ("triton", {"triton": "3.4"}),
+    ("requires[0]", {"requires": (Symbol("vllm.config", "VllmConfig", vllm="0.26"),)}),
+    ("activate", {"activate": "module_without_attribute"}), ("gpu_families", {"gpu_families": ()}),
+])
+def test_spec_problems_name_the_field(field, kw):
+    decline = compat.spec_problem(_spec(**{"gpu_families": ("cpu",), **kw}))
+    assert decline.code == Reason.SPEC_ERROR and decline.detail.startswith(field), decline
+    assert compat.spec_problem(_spec(gpu_families=("cpu",), triton=">=3.4",
+                                     requires=(Symbol("vllm.config", "VllmConfig", vllm=">=0.26"),))) is None
+
+
 def test_torch_and_triton_too_old(env):
     assert compat.check_versions(_spec(torch=">=99"), env).code == Reason.TORCH_VERSION
     assert compat.check_versions(_spec(triton=">=99"), env).code in (Reason.TRITON_VERSION, Reason.TRITON_MISSING)

@@ -56,6 +56,7 @@ def test_every_process_registered_and_reported(summary):
         assert ops["fixture-import-raises"]["reason"] == "import-error"
         assert ops["fixture-bad-range"]["reason"] == "vllm-version"
         assert ops["fixture-missing-symbol"]["reason"] == "symbol-missing"
+        assert ops["fixture-malformed-spec"]["reason"] == "spec-error"  # a malformed range stops nothing else
         assert ops["norm"]["reason"] == "triton-interpreter-off"  # CPU serving: vLLM's own kernels
     merged = report.merge(report.load(on["report_dir"]))
     (good,) = [c for c in merged["counts"] if c["op"] == "fixture-good"]

@@ -30,6 +30,7 @@ def test_failures_are_contained_and_each_has_its_reason(tmp_path):
         "fixture-signature": ("declined", "signature-changed"),
         "fixture-bad-range": ("declined", "vllm-version"),
         "fixture-bad-spec": ("declined", "spec-error"),
+        "fixture-malformed-spec": ("declined", "spec-error"),  # sorted after fixture-bad-*: later ops still run
         # the real op wheels still reach their own verdicts beside the broken ones
         "norm": ("declined", "triton-interpreter-off"),  # real kernels: on the CPU only under the interpreter
         "attn-paged": ("declined", "triton-interpreter-off"),  # likewise
@@ -41,6 +42,7 @@ def test_failures_are_contained_and_each_has_its_reason(tmp_path):
     assert "ptxas exited 255" in ops["fixture-activate-raises"]["detail"]
     assert "no_such_ir_op" in ops["fixture-missing-symbol"]["detail"]
     assert "renamed_away" in ops["fixture-signature"]["detail"]
+    assert "triton = '3.4' is not a PEP 440" in ops["fixture-malformed-spec"]["detail"]
     # one startup line per op, at INFO, in vLLM's log
     for name in expected:
         assert f"infera-vllm: op {name} " in proc.stdout + proc.stderr
@@ -66,6 +68,20 @@ def test_allow_and_exclude_lists(tmp_path):
     assert ops["linear-hipblaslt"]["reason"] == "triton-interpreter-off"  # opt-in op named: it gets as far as the others
     assert ops["ghost-op"]["reason"] == "not-installed"
     assert ops["attn-paged"]["reason"] == "not-requested"
+
+
+def test_names_no_wheel_provides_are_warnings_that_list_the_installed_ops(tmp_path):
+    proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS": "bogus-op",
+                                       "INFERA_VLLM_OPS_EXCLUDE": "everything"})
+    out = proc.stdout + proc.stderr
+    lines = [ln for ln in out.splitlines() if "infera-vllm: op bogus-op " in ln]
+    assert lines and all("WARNING" in ln and "installed: " in ln and "fixture-good" in ln for ln in lines), out[-3000:]
+    assert any("WARNING" in ln and "INFERA_VLLM_OPS_EXCLUDE names everything" in ln for ln in out.splitlines())
+    # the op refusing a bad value of its own switch is the user's doing too: a WARNING, not an INFO line
+    bad = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path / "bad"),
+                                      "INFERA_VLLM_OPS": "fixture-activate-raises"})
+    assert any("WARNING" in ln and "op fixture-activate-raises" in ln and "activate-error" in ln
+               for ln in (bad.stdout + bad.stderr).splitlines()), bad.stderr[-3000:]
 
 
 @pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)

@@ -19,6 +19,9 @@ from infera_vllm.switches import Switches
 
 # Declines that are the user's own choice, not a failure: strict mode does not turn them into errors.
 CHOSEN = {Reason.DISABLED.value, Reason.EXCLUDED.value, Reason.NOT_REQUESTED.value}
+# Declines that mean something the user (or an op's packager) gave is wrong, logged at WARNING: a switch or
+# tuning file the op refused (activate-error, bad-tuning), a spec that cannot be used, a name no wheel has.
+NEEDS_ATTENTION = {Reason.ACTIVATE_ERROR.value, Reason.SPEC_ERROR.value, Reason.NOT_INSTALLED.value, "bad-tuning"}
 
 
 @dataclass
@@ -85,6 +88,18 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
                    str(ctx.state.get("compile_key", "")))
 
 
+def evaluate_isolated(found: discovery.Found, env: compat.Environment, switches: Switches, *,
+                      install: bool) -> Verdict:
+    """``evaluate``, with anything it raises (a check tripping over an odd spec, say) turned into this op's
+    decline: one op never stops the evaluation of the others."""
+    try:
+        return evaluate(found, env, switches, install=install)
+    except Exception as exc:  # noqa: BLE001  (contained by design; the verdict carries it)
+        seam = found.spec.seam if found.spec is not None else "?"
+        return Verdict(found.name, found.distribution, found.version, seam,
+                       Decline(Reason.SPEC_ERROR, f"evaluating the op failed: {type(exc).__name__}: {exc}"))
+
+
 def _dry_run(spec: OpSpec, ctx: OpContext) -> Decline | None:
     """Doctor: the op's module may define ``check(ctx)`` beside ``activate`` (same verdict, no side
     effects); without one, the compatibility checks passing is the verdict."""
@@ -111,12 +126,20 @@ def activate_all(switches: Switches) -> list[Verdict]:
     )
     log.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
                 "strict mode" if switches.strict else "loading ops", env.gpu_family, env.vllm, directory)
-    verdicts = [evaluate(f, env, switches, install=True) for f in discovery.discover()]
+    verdicts = [evaluate_isolated(f, env, switches, install=True) for f in discovery.discover()]
     installed = {v.name for v in verdicts}
     for name in sorted((switches.allow or frozenset()) - installed - switches.exclude):
         verdicts.append(Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
+    unknown_excluded = sorted(switches.exclude - installed)
+    if unknown_excluded:
+        log.warning("infera-vllm: INFERA_VLLM_OPS_EXCLUDE names %s, which no installed wheel provides (installed: %s)",
+                    ", ".join(unknown_excluded), ", ".join(sorted(installed)) or "none")
     for v in verdicts:
-        log.info("%s", v.line())
+        if v.decline is not None and str(v.decline.code) in NEEDS_ATTENTION:
+            extra = f" (installed: {', '.join(sorted(installed)) or 'none'})" if v.decline.code == Reason.NOT_INSTALLED else ""
+            log.warning("%s%s", v.line(), extra)
+        else:
+            log.info("%s", v.line())
         coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline, note=v.note)
     if not verdicts:
         log.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")

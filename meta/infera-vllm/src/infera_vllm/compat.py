@@ -59,6 +59,33 @@ def _version_of(module: str) -> str | None:
     return None
 
 
+def spec_problem(spec: OpSpec) -> Decline | None:
+    """A field of the spec that cannot be used, as a ``spec-error`` decline naming it (checked when the
+    spec is discovered, so nothing later trips over it): every version range PEP 440, ``activate`` a
+    ``module:attribute`` path, at least one GPU family."""
+    problem = _range_problem(spec)
+    if problem is not None:
+        return problem
+    module, sep, attr = str(spec.activate).partition(":")
+    if not (module and sep and attr):
+        return Decline(Reason.SPEC_ERROR, f"activate = {spec.activate!r} is not a 'module:attribute' path")
+    if not spec.gpu_families:
+        return Decline(Reason.SPEC_ERROR, "gpu_families is empty")
+    return None
+
+
+def _range_problem(spec: OpSpec) -> Decline | None:
+    ranges = [("vllm", spec.vllm), ("torch", spec.torch)] + ([("triton", spec.triton)] if spec.triton is not None else [])
+    ranges += [(f"requires[{i}] ({symbol}).vllm", symbol.vllm) for i, symbol in enumerate(spec.requires) if symbol.vllm]
+    for field_name, value in ranges:
+        try:
+            SpecifierSet(value)
+        except (InvalidSpecifier, TypeError):
+            return Decline(Reason.SPEC_ERROR, f"{field_name} = {value!r} is not a PEP 440 version specifier "
+                                              f"(e.g. '>=3.4' or '>=0.24,<0.33')")
+    return None
+
+
 def version_in(version: str, specifier: str) -> bool:
     """PEP 440 membership; local labels (``0.32.0+cpu``) and dev/pre releases count as their release."""
     parsed = Version(version)
@@ -66,10 +93,9 @@ def version_in(version: str, specifier: str) -> bool:
 
 
 def check_versions(spec: OpSpec, env: Environment) -> Decline | None:
-    try:
-        SpecifierSet(spec.vllm)
-    except InvalidSpecifier:
-        return Decline(Reason.SPEC_ERROR, f"vllm specifier {spec.vllm!r} is not PEP 440")
+    problem = _range_problem(spec)  # discovery checked it already; a spec built by hand may not be
+    if problem is not None:
+        return problem
     if env.vllm is None:
         return Decline(Reason.VLLM_MISSING, "vLLM is not importable")
     try:

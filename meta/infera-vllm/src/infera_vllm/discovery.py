@@ -1,7 +1,8 @@
 """Find the installed operator wheels through the ``infera_vllm.ops`` entry-point group.
 
-Loading an entry point imports only the op's spec module (plain data); a spec that fails to load, or is
-not an :class:`~infera_vllm.spec.OpSpec`, becomes a ``spec-error`` decline instead of an exception.
+Loading an entry point imports only the op's spec module (plain data); a spec that fails to load, is not
+an :class:`~infera_vllm.spec.OpSpec`, or has a field that cannot be used (a malformed version range, say:
+``compat.spec_problem``) becomes a ``spec-error`` decline naming what is wrong, instead of an exception.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 from dataclasses import dataclass
 
+from infera_vllm import compat
 from infera_vllm.spec import ENTRY_POINT_GROUP, Decline, OpSpec, Reason
 
 
@@ -46,6 +48,10 @@ def discover(group: str = ENTRY_POINT_GROUP) -> list[Found]:
         if spec.name != ep.name:
             found.append(Found(ep.name, dist_name, dist_version, None,
                                Decline(Reason.SPEC_ERROR, f"entry point {ep.name!r} carries a spec named {spec.name!r}")))
+            continue
+        problem = compat.spec_problem(spec)
+        if problem is not None:
+            found.append(Found(ep.name, dist_name, dist_version, None, problem))
             continue
         found.append(Found(ep.name, dist_name, dist_version, spec))
     return found

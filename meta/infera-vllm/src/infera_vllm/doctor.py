@@ -60,11 +60,14 @@ def collect(model: str | None = None) -> tuple[dict, int]:
     switches = Switches.from_env()
     env = compat.Environment.detect()
     found = discovery.discover()
-    verdicts = [activation.evaluate(f, env, switches, install=False) for f in found]
+    verdicts = [activation.evaluate_isolated(f, env, switches, install=False) for f in found]
     names = {v.name for v in verdicts}
     for name in sorted((switches.allow or frozenset()) - names - switches.exclude):
         verdicts.append(activation.Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
-    failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN]
+    # the exit code answers "will what I asked for run?": an op named in INFERA_VLLM_OPS that would decline
+    # (or, in strict mode, any op that would decline for a reason other than the user's own choice)
+    failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN
+               and (switches.requested_explicitly(v.name) or switches.strict)]
     doc = {
         "infera_vllm": __version__,
         "python": sys.version.split()[0],
@@ -107,5 +110,5 @@ def main(model: str | None, as_json: bool) -> int:
     doc, code = collect(model)
     print(json.dumps(doc, indent=1, default=str) if as_json else render(doc))
     if code and not as_json:
-        print("\nexit 1: a requested op cannot activate (see its reason above)")
+        print("\nexit 1: an op named in INFERA_VLLM_OPS cannot activate (see its reason above)")
     return code

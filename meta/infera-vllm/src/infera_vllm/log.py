@@ -27,11 +27,22 @@ def _has_handler(log: logging.Logger) -> bool:
     return False
 
 
-def info(msg: str, *args: object) -> None:
+def _log(level: int, msg: str, args: tuple) -> None:
     if _has_handler(logger):
-        logger.info(msg, *args, stacklevel=2)
+        logger.log(level, msg, *args, stacklevel=3)
     else:
         try:
-            print(f"(pid {os.getpid()}) INFO {msg % args if args else msg}", file=sys.stderr, flush=True)
+            print(f"(pid {os.getpid()}) {logging.getLevelName(level)} {msg % args if args else msg}", file=sys.stderr,
+                  flush=True)
         except (ValueError, OSError):  # stderr itself closed: a log line is not worth an error
             pass
+
+
+def info(msg: str, *args: object) -> None:
+    _log(logging.INFO, msg, args)
+
+
+def warning(msg: str, *args: object) -> None:
+    """Something the user did that did not do what they meant: a bad switch value, an op name no wheel
+    provides, a decline they caused."""
+    _log(logging.WARNING, msg, args)

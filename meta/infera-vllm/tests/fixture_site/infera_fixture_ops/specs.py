@@ -4,8 +4,9 @@ from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
 
 def _spec(name, activate="infera_fixture_ops.good:activate", **kw):
     kw.setdefault("vllm", ">=0.24")
+    kw.setdefault("triton", None)
     return OpSpec(name=name, distribution="infera-fixture-ops", seam=f"{name} test seam", activate=activate,
-                  gpu_families=GPU_FAMILIES, triton=None, **kw)
+                  gpu_families=GPU_FAMILIES, **kw)
 
 
 GOOD = _spec("fixture-good", sites=("rms_norm",))
@@ -15,3 +16,4 @@ MISSING_SYMBOL = _spec("fixture-missing-symbol", requires=(Symbol("vllm.ir.ops",
 SIGNATURE = _spec("fixture-signature",
                   requires=(Symbol("vllm.ir.ops", "rms_norm.register_impl", params=("provider", "renamed_away")),))
 BAD_RANGE = _spec("fixture-bad-range", vllm="<0.1")
+MALFORMED = _spec("fixture-malformed-spec", triton="3.4")  # not PEP 440 (meant ">=3.4")
