@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -86,6 +87,30 @@ def test_load_refuses_empty_dir_and_foreign_format(tmp_path):
     (tmp_path / "infera-x-1.json").write_text(json.dumps({"format": "other/9"}))
     with pytest.raises(ValueError, match="other/9"):
         report.load(str(tmp_path))
+
+
+def test_bad_files_beside_good_ones_are_named_and_skipped(tmp_path):
+    import subprocess
+    import sys
+
+    coverage.record_op("norm", distribution="infera-norm", version="0.1.0", seam="ir", decline=None)
+    coverage.record("norm", "kernel", "", "1", n=3)
+    good = coverage.write_report(str(tmp_path))
+    text = open(good).read()
+    (tmp_path / "infera-truncated-1.json").write_text(text[: len(text) // 2])
+    (tmp_path / "infera-list-2.json").write_text("[1, 2]")
+    (tmp_path / "infera-keys-3.json").write_text(json.dumps({"format": coverage.REPORT_FORMAT, "ops": []}))
+    problems = []
+    merged = report.merge(report.load(str(tmp_path), problems))
+    assert [c["count"] for c in merged["counts"]] == [3] and len(merged["processes"]) == 1  # the good one
+    assert {os.path.basename(p): why.split(" (")[0] for p, why in problems} == {
+        "infera-truncated-1.json": "not readable as JSON", "infera-list-2.json": "a JSON list, not a report object",
+        "infera-keys-3.json": "no 'process' with pid, name and host"}
+    with pytest.raises(ValueError, match="infera-truncated-1.json"):
+        report.load(str(tmp_path))  # without a problems list: refused, naming the file
+    proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "norm" in proc.stdout, proc.stderr
+    assert proc.stderr.count("skipped ") == 3 and "infera-list-2.json" in proc.stderr
 
 
 def test_write_report_round_trips_through_merge(tmp_path):

@@ -72,3 +72,23 @@ def test_doctor_model_plan(tmp_path):
 def test_doctor_bad_model_path_is_a_clear_error(path):
     proc = doctor("--model", path)
     assert proc.returncode == 2 and "no config.json" in proc.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"hidden_size": 64, "num_hidden_layers": 2', "not valid JSON"),
+    ("[1, 2]", "a JSON list, not a config object"),
+    ('{"num_hidden_layers": 2, "num_attention_heads": 2}', "missing hidden_size"),
+])
+def test_doctor_bad_config_names_the_file_and_what_is_wrong(tmp_path, content, message):
+    (tmp_path / "config.json").write_text(content)
+    proc = doctor("--model", str(tmp_path))
+    assert proc.returncode == 2 and message in proc.stderr and str(tmp_path / "config.json") in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_doctor_says_an_architecture_is_unknown(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA, architectures=["BrandNewForCausalLM"])))
+    proc = doctor("--model", str(tmp_path))
+    assert "unknown architecture (BrandNewForCausalLM)" in proc.stdout, proc.stdout + proc.stderr
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA, architectures=["LlamaForCausalLM"])))
+    assert "unknown architecture" not in doctor("--model", str(tmp_path)).stdout

@@ -34,11 +34,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from infera_vllm import report
 
+    problems: list[tuple[str, str]] = []
     try:
-        merged = report.merge(report.load(args.dir))
+        merged = report.merge(report.load(args.dir, problems))
     except (FileNotFoundError, ValueError) as exc:
         print(f"infera-vllm report: {exc}", file=sys.stderr)
         return 2
+    for path, why in problems:  # merged without them; each named
+        print(f"infera-vllm report: skipped {path}: {why}", file=sys.stderr)
     print(json.dumps(merged, indent=1) if args.json else report.render(merged))
     return 0
 

@@ -80,7 +80,10 @@ def collect(model: str | None = None) -> tuple[dict, int]:
     }
     if model is not None:
         specs = {f.spec.name: f.spec for f in found if f.spec is not None}
-        doc["model"] = {"path": model, "ops": plan_model(verdicts, specs, model)}
+        from infera_vllm.model_sites import load_config, unknown_architecture
+
+        doc["model"] = {"path": model, "ops": plan_model(verdicts, specs, model),
+                        "note": unknown_architecture(load_config(model))}
     return doc, (1 if failing else 0)
 
 
@@ -99,6 +102,8 @@ def render(doc: dict) -> str:
         out.append(f"  {o['op']:<18} {o['distribution']} {o['version']}: {o['verdict']}{why}")
     if "model" in doc:
         out += ["", f"model {doc['model']['path']}:"]
+        if doc["model"].get("note"):
+            out.append(f"  note: {doc['model']['note']}")
         for r in doc["model"]["ops"]:
             out.append(f"  {r['op']:<18} would take {len(r['take'])}/{r['sites']} {'/'.join(r['kinds'])} layers")
             for reason, names in r["decline"].items():

@@ -19,12 +19,44 @@ class Site:
     attrs: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
 
 
+# Architectures whose decoder layout sites() reads (the Llama / Mistral / Qwen / Mixtral / DeepSeek family and
+# gpt-oss); another one is planned the same way, and said to be unknown.
+KNOWN_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+                       "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
+                       "DeepseekV3ForCausalLM", "GptOssForCausalLM", "Gemma2ForCausalLM", "Phi3ForCausalLM")
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
 def load_config(path_or_config: str) -> dict[str, object]:
+    """The config as a dict; FileNotFoundError / ValueError naming the file and what is wrong with it (not
+    JSON, not an object, a required key missing)."""
     path = os.path.join(path_or_config, "config.json") if os.path.isdir(path_or_config) else path_or_config
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config.json at {path_or_config!r} (give a model directory or a config file)")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a JSON {type(cfg).__name__}, not a config object")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    aliases = {"hidden_size": ("hidden_size", "d_model"), "num_hidden_layers": ("num_hidden_layers", "n_layer"),
+               "num_attention_heads": ("num_attention_heads", "n_head")}
+    missing = [key for key in REQUIRED if _first(text, *aliases[key]) is None]
+    if missing:
+        raise ValueError(f"{path}: missing {', '.join(missing)} (needed to plan the model's layers)")
+    return cfg
+
+
+def unknown_architecture(cfg: dict[str, object]) -> str | None:
+    """None for a layout sites() knows, else a sentence saying which architecture is planned as a guess."""
+    names = [str(a) for a in (cfg.get("architectures") or [])]
+    if any(a in KNOWN_ARCHITECTURES for a in names):
+        return None
+    what = ", ".join(names) if names else "no 'architectures' entry"
+    return (f"unknown architecture ({what}): planned as a Llama-style decoder; the layer counts may not match "
+            f"what vLLM builds")
 
 
 def _first(cfg: dict[str, object], *keys: str, default=None):

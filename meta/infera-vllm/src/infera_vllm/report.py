@@ -9,18 +9,48 @@ import os
 from infera_vllm.coverage import REPORT_FORMAT
 
 
-def load(directory: str) -> list[dict]:
+def _problem(data: object) -> str | None:
+    """Why a parsed file is not a report this version can merge, or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not a report object"
+    if data.get("format") != REPORT_FORMAT:
+        return f"format {data.get('format')!r}, expected {REPORT_FORMAT!r}"
+    process = data.get("process")
+    if not isinstance(process, dict) or not all(k in process for k in ("pid", "name", "host")):
+        return "no 'process' with pid, name and host"
+    for key, fields in (("ops", ("op", "status", "reason", "detail")),
+                        ("counts", ("op", "route", "reason", "bucket", "at", "count"))):
+        rows = data.get(key)
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and all(f in r for f in fields) for r in rows):
+            return f"'{key}' is not a list of entries with {', '.join(fields)}"
+    return None
+
+
+def load(directory: str, problems: list[tuple[str, str]] | None = None) -> list[dict]:
+    """The reports in ``directory``. A file that is not a mergeable report raises ValueError naming it, or,
+    with ``problems`` given, is skipped and recorded there as (path, why); ValueError too when no file is
+    left to merge."""
     paths = sorted(glob.glob(os.path.join(directory, "infera-*.json")))
     if not paths:
         raise FileNotFoundError(f"no infera-*.json reports in {directory!r}")
-    reports = []
+    reports, bad = [], []
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        if data.get("format") != REPORT_FORMAT:
-            raise ValueError(f"{path}: format {data.get('format')!r}, expected {REPORT_FORMAT!r}")
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            bad.append((path, f"not readable as JSON ({exc})"))
+            continue
+        why = _problem(data)
+        if why is not None:
+            bad.append((path, why))
+            continue
         data["path"] = path
         reports.append(data)
+    if bad and (problems is None or not reports):
+        raise ValueError("; ".join(f"{path}: {why}" for path, why in bad))
+    if problems is not None:
+        problems.extend(bad)
     return reports
 
 
