@@ -220,3 +220,20 @@ def test_multiprocessing_fork_child_writes_its_report(tmp_path):
     counts = {r["process"]["name"]: r["counts"][0]["count"] for r in reports(out)}
     assert counts == {"MainProcess": 5, "EngineCore": 3}
     assert proc.stderr.count("infera-vllm coverage (pid") == 2  # one exit summary per process, not two
+
+
+@pytest.mark.parametrize("kind", ["under-proc", "a-regular-file"])
+def test_unwritable_report_dir_is_one_warning_and_a_fallback(tmp_path, kind):
+    target = "/proc/infera-no-such-dir" if kind == "under-proc" else str(tmp_path / "file")
+    if kind == "a-regular-file":
+        (tmp_path / "file").write_text("not a directory")
+    proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": target, "INFERA_VLLM_OPS": "fixture-good"})
+    out = proc.stdout + proc.stderr
+    assert "ACTIVATIONS 1" in proc.stdout and "Traceback" not in out and "plugin failed" not in out, out[-3000:]
+    (line,) = [ln for ln in out.splitlines() if "cannot be written" in ln]
+    assert "WARNING" in line and target in line
+    fallback = line.rsplit("coverage reports go to ", 1)[1].strip()
+    (report,) = reports(fallback)  # the counts are kept, where the warning says
+    assert ops_by_name(report)["fixture-good"]["status"] == "active"
+    doctor = run_python("", args=("-m", "infera_vllm", "doctor"), env={"INFERA_VLLM_REPORT_DIR": target})
+    assert "cannot be written" in doctor.stdout

@@ -107,11 +107,30 @@ def _dry_run(spec: OpSpec, ctx: OpContext) -> Decline | None:
     return check(ctx) if check is not None else None
 
 
+def report_dir_problem(directory: str) -> str | None:
+    """Why reports cannot be written into ``directory`` (created if missing), or None."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".infera-probe-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
 def report_dir(switches: Switches) -> str:
-    """The report directory, created once and handed to child processes through the environment."""
+    """The report directory, created once and handed to child processes through the environment. One that
+    cannot be written is replaced by a new temporary directory, with a WARNING naming both, so vLLM serves
+    and no count is lost."""
     if switches.report_dir:
-        return switches.report_dir
-    directory = tempfile.mkdtemp(prefix="infera-vllm-report-")
+        problem = report_dir_problem(switches.report_dir)
+        if problem is None:
+            return switches.report_dir
+        directory = tempfile.mkdtemp(prefix="infera-vllm-report-")
+        log.warning("infera-vllm: INFERA_VLLM_REPORT_DIR=%s cannot be written (%s); coverage reports go to %s",
+                    switches.report_dir, problem, directory)
+    else:
+        directory = tempfile.mkdtemp(prefix="infera-vllm-report-")
     os.environ["INFERA_VLLM_REPORT_DIR"] = directory  # spawned/forked workers inherit it
     return directory
 

@@ -68,8 +68,10 @@ def collect(model: str | None = None) -> tuple[dict, int]:
     # (or, in strict mode, any op that would decline for a reason other than the user's own choice)
     failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN
                and (switches.requested_explicitly(v.name) or switches.strict)]
+    report_problem = activation.report_dir_problem(switches.report_dir) if switches.report_dir else None
     doc = {
         "infera_vllm": __version__,
+        "report_dir": {"path": switches.report_dir, "problem": report_problem},
         "python": sys.version.split()[0],
         "environment": {**env.__dict__, **_driver()},
         "switches": switches.describe(),
@@ -94,6 +96,9 @@ def render(doc: dict) -> str:
            f"HIP {e['hip']} | driver {e['driver']}",
            f"  GPU family: {e['gpu_family']} ({e['gpu_detail']})",
            "  switches: " + ", ".join(f"{k}={v}" for k, v in doc["switches"].items()),
+           *([f"  WARNING: INFERA_VLLM_REPORT_DIR={doc['report_dir']['path']} cannot be written "
+              f"({doc['report_dir']['problem']}): serving would put the reports in a new temporary directory"]
+             if doc["report_dir"]["problem"] else []),
            "", "operators:"]
     if not doc["ops"]:
         out.append("  none installed (pip install infera-norm infera-attn-paged ...)")
