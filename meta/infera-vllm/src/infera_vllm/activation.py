@@ -1,8 +1,11 @@
 """From discovered specs to installed seams, one op at a time, each failure contained.
 
-Order per op: switches -> compatibility checks (versions, platform, vLLM symbols) -> import the op's module
--> its ``activate(ctx)``. Only the last two touch the op's own code; an exception there becomes a decline
-with its reason and never reaches vLLM (unless ``INFERA_VLLM_STRICT=1``).
+Order per op, owned here (a template method, as OpenTelemetry's instrumentors): switches -> compatibility
+checks (versions, platform, vLLM symbols) -> import the op's seam module -> its ``check(ctx)`` (the op's own
+conditions: platform, tuning file, switch values; no side effects) -> its ``activate(ctx)`` (installs the
+seam; only once check passed). ``doctor`` runs the same order without the last step, so it gives the verdict
+serving will give. Only the last three touch the op's own code; an exception there becomes a decline with
+its reason and never reaches vLLM (unless ``INFERA_VLLM_STRICT=1``).
 """
 
 from __future__ import annotations
@@ -77,11 +80,14 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
     if decline is None:
         try:
             activate = load_callable(spec.activate)
+            check = getattr(importlib.import_module(spec.activate.partition(":")[0]), "check", None)
         except Exception as exc:
             decline = Decline(Reason.IMPORT_ERROR, f"{spec.activate}: {type(exc).__name__}: {exc}")
         else:
             try:
-                decline = activate(ctx) if install else _dry_run(spec, ctx)
+                decline = check(ctx) if check is not None else None
+                if decline is None and install:
+                    decline = activate(ctx)
             except Exception as exc:
                 decline = Decline(Reason.ACTIVATE_ERROR, f"{type(exc).__name__}: {exc}")
     return Verdict(spec.name, found.distribution, found.version, spec.seam, decline, str(ctx.state.get("note", "")),
@@ -98,13 +104,6 @@ def evaluate_isolated(found: discovery.Found, env: compat.Environment, switches:
         seam = found.spec.seam if found.spec is not None else "?"
         return Verdict(found.name, found.distribution, found.version, seam,
                        Decline(Reason.SPEC_ERROR, f"evaluating the op failed: {type(exc).__name__}: {exc}"))
-
-
-def _dry_run(spec: OpSpec, ctx: OpContext) -> Decline | None:
-    """Doctor: the op's module may define ``check(ctx)`` beside ``activate`` (same verdict, no side
-    effects); without one, the compatibility checks passing is the verdict."""
-    check = getattr(importlib.import_module(spec.activate.partition(":")[0]), "check", None)
-    return check(ctx) if check is not None else None
 
 
 def report_dir_problem(directory: str) -> str | None:

@@ -1,8 +1,10 @@
 """Installs the operator into vLLM. Imported only after the plugin's checks passed, so heavy imports are fine.
 
-``check(ctx)``: the verdict without side effects (used by ``infera-vllm doctor``).
-``activate(ctx)``: install the seam and return ``None``, or return a ``Decline``. Per call, route through
-counters made once here: ``kernel = ctx.counter("kernel", bucket=...)``, ``fallback = ctx.counter("fallback", "dtype")``.
+``check(ctx)``: the op's own conditions (platform, tuning file, switch values), no side effects; the plugin
+calls it first, in serving and in ``infera-vllm doctor`` alike (a raise is an ``activate-error`` decline).
+``activate(ctx)``: called only once ``check`` passed: install the seam and return ``None``, or return a
+``Decline``. Per call, route through counters made once here: ``kernel = ctx.counter("kernel", bucket=...)``,
+``fallback = ctx.counter("fallback", "dtype")``.
 """
 
 from infera_vllm.spec import Decline, Reason
@@ -13,4 +15,4 @@ def check(ctx) -> Decline | None:
 
 
 def activate(ctx) -> Decline | None:
-    return check(ctx)
+    return None  # install the seam here

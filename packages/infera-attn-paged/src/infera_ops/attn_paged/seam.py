@@ -22,24 +22,26 @@ BACKEND = "infera_ops.attn_paged.backend.InferaAttentionBackend"
 
 
 def check(ctx) -> Decline | None:
-    return interpreter_off(ctx.env.gpu_family, "vLLM's CPU attention")
+    """The platform, and the op's switches and tuning file: a bad value raises, which the plugin turns into
+    an ``activate-error`` decline with the message, in serving and in ``doctor`` alike."""
+    off = interpreter_off(ctx.env.gpu_family, "vLLM's CPU attention")
+    if off is not None:
+        return off
+    from infera_ops.attn_paged import guard, tuning
+
+    guard.prefill_route()
+    guard.platform_default()
+    tuning.load(ctx.env.gpu_family or "unknown")
+    return None
 
 
 def activate(ctx) -> Decline | None:
-    decline = check(ctx)
-    if decline is not None:
-        return decline
+    """Installs the backend; the plugin calls it only once ``check(ctx)`` passed."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     from infera_ops.attn_paged import guard
 
-    from infera_ops.attn_paged import tuning
-
-    # a bad switch value or tuning file raises here: the op declines activate-error with the message, vLLM is
-    # unharmed
-    guard.prefill_route()
     default = guard.platform_default()
-    tuning.load(ctx.env.gpu_family or "unknown")
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"

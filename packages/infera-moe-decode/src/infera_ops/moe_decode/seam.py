@@ -35,9 +35,7 @@ def check(ctx) -> Decline | None:
 
 
 def activate(ctx) -> Decline | None:
-    decline = check(ctx)
-    if decline is not None:
-        return decline
+    """Installs the seam; the plugin calls it only once ``check(ctx)`` passed."""
     found, _ = _tuning(ctx)
     from infera_ops.moe_decode import experts
 

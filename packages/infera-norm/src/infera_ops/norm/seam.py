@@ -20,9 +20,7 @@ def check(ctx) -> Decline | None:
 
 
 def activate(ctx) -> Decline | None:
-    decline = check(ctx)
-    if decline is not None:
-        return decline
+    """Installs the seam; the plugin calls it only once ``check(ctx)`` passed."""
     from infera_ops.norm import provider
 
     provider.install(ctx.spec.name, allow_cpu=ctx.env.gpu_family == "cpu")
