@@ -15,7 +15,8 @@ import functools
 import json
 import os
 from dataclasses import dataclass
-from importlib import resources
+
+from infera_vllm import tuning_files
 
 
 class TuningError(ValueError):
@@ -60,14 +61,12 @@ def _parse(text: str, source: str) -> dict[int, DecodeSettings]:
 
 @functools.lru_cache(maxsize=None)
 def _table(family: str, override: str) -> dict[int, DecodeSettings]:
-    if override:
-        try:
-            with open(override) as f:
-                return _parse(f.read(), override)
-        except OSError as exc:
-            raise TuningError(f"INFERA_ATTN_PAGED_TUNING={override!r}: {exc.strerror}") from exc
-    packaged = resources.files("infera_ops.attn_paged").joinpath("tuning", f"{family}.json")
-    return _parse(packaged.read_text(), f"tuning/{family}.json") if packaged.is_file() else {}
+    """Cached per (family, switch value): the hot path reads the file once."""
+    try:
+        found = tuning_files.read("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING")
+    except tuning_files.TuningFileError as exc:
+        raise TuningError(str(exc)) from exc
+    return _parse(*found) if found else {}
 
 
 def load(family: str) -> dict[int, DecodeSettings]:

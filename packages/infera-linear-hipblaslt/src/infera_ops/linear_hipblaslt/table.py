@@ -17,11 +17,10 @@ skinny-M kernel with ``config``) or ``default`` (measured: nothing beat vLLM's G
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from importlib import resources
 
 from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+from infera_vllm import tuning_files
 
 CHOICES = ("triton", "default")
 DTYPES = ("bfloat16", "float16")
@@ -95,14 +94,8 @@ def parse(text: str, source: str) -> Table:
 
 def load(family: str) -> Table | None:
     """The family's table (None: no file, not tuned)."""
-    override = os.environ.get("INFERA_LINEAR_TUNING", "").strip()
-    if override:
-        try:
-            with open(override) as f:
-                return parse(f.read(), override)
-        except OSError as exc:
-            raise TableError(f"INFERA_LINEAR_TUNING={override!r}: {exc.strerror}") from exc
-    packaged = resources.files("infera_ops.linear_hipblaslt").joinpath("tuning", f"{family}.json")
-    if not packaged.is_file():
-        return None
-    return parse(packaged.read_text(), f"tuning/{family}.json")
+    try:
+        found = tuning_files.read("infera_ops.linear_hipblaslt", family, "INFERA_LINEAR_TUNING")
+    except tuning_files.TuningFileError as exc:
+        raise TableError(str(exc)) from exc
+    return parse(*found) if found else None
