@@ -94,7 +94,6 @@ class InferaAttentionImpl(TritonAttentionImpl):
         route = guard.prefill_route()  # validated when the op activated
         if guard.prefill_on_fa3(route, fa3_unavailable(), self.head_size):
             self._infera_prefill = guard.FA3
-            self._infera_s_aux = None if self.sinks is None else self.sinks.to(torch.bfloat16)  # FA3 takes bf16
         else:
             self._infera_prefill = "triton" if route == "triton" else "kernel"
         if self._infera_layer_decline is not None:
@@ -150,10 +149,14 @@ class InferaAttentionImpl(TritonAttentionImpl):
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
         tokens = md.num_actual_tokens
         window = [self._infera_window, 0] if self._infera_window >= 0 else [-1, -1]
+        # FA3 takes bf16 sinks; converted per call (Hq values), not at construction: the layer's sinks are
+        # loaded into the same tensor after the impl is built, and a copy made then would keep the init values
+        sinks = self.sinks
+        s_aux = None if sinks is None else sinks if sinks.dtype == torch.bfloat16 else sinks.to(torch.bfloat16)
         _FA3[0](q=query[:tokens], k=key_cache, v=value_cache, out=output[:tokens], cu_seqlens_q=md.query_start_loc,
                 max_seqlen_q=md.max_query_len, seqused_k=md.seq_lens, max_seqlen_k=md.max_seq_len,
                 softmax_scale=self.scale, causal=True, window_size=window, block_table=md.block_table,
-                softcap=self._infera_softcap, fa_version=3, s_aux=self._infera_s_aux)
+                softcap=self._infera_softcap, fa_version=3, s_aux=s_aux)
         return output
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):

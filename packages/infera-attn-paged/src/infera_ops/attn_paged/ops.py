@@ -7,6 +7,7 @@ builder owns one per device), grid sizes from shapes and the batch size only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +91,13 @@ def slices_per_sequence(seq_lens: torch.Tensor, cap: int, *, window_left: int = 
 
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch for the reduce kernel: Hopper or later, a Triton that has it, and not
-    Triton's interpreter."""
-    if device.type != "cuda" or triton_dot.fp32_dot() or torch.cuda.get_device_capability(device)[0] < 9:
+    Triton's interpreter. Decided once per device (it is asked on every decode call)."""
+    return device.type == "cuda" and not triton_dot.fp32_dot() and _pdl_on_cuda_device(device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_on_cuda_device(index) -> bool:
+    if torch.cuda.get_device_capability(index)[0] < 9:
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
