@@ -31,6 +31,8 @@ def test_failures_are_contained_and_each_has_its_reason(tmp_path):
         "fixture-bad-range": ("declined", "vllm-version"),
         "fixture-bad-spec": ("declined", "spec-error"),
         "fixture-malformed-spec": ("declined", "spec-error"),  # sorted after fixture-bad-*: later ops still run
+        "fixture-switches": ("active", ""),
+        "fixture-bad-switch-declaration": ("declined", "spec-error"),
         # the real op wheels still reach their own verdicts beside the broken ones
         "norm": ("declined", "triton-interpreter-off"),  # real kernels: on the CPU only under the interpreter
         "attn-paged": ("declined", "triton-interpreter-off"),  # likewise
@@ -77,7 +79,7 @@ def test_names_no_wheel_provides_are_warnings_that_list_the_installed_ops(tmp_pa
     lines = [ln for ln in out.splitlines() if "infera-vllm: op bogus-op " in ln]
     assert lines and all("WARNING" in ln and "installed: " in ln and "fixture-good" in ln for ln in lines), out[-3000:]
     assert any("WARNING" in ln and "INFERA_VLLM_OPS_EXCLUDE names everything" in ln for ln in out.splitlines())
-    # the op refusing a bad value of its own switch is the user's doing too: a WARNING, not an INFO line
+    # the op refusing what the user gave it (a tuning file, say) at activation: a WARNING, not an INFO line
     bad = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path / "bad"),
                                       "INFERA_VLLM_OPS": "fixture-activate-raises"})
     assert any("WARNING" in ln and "op fixture-activate-raises" in ln and "activate-error" in ln

@@ -75,15 +75,19 @@ def test_prefill_switch(monkeypatch):
     for value in ("fa3", "kernel", "triton"):
         monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", value)
         assert guard.prefill_route() == value
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "Kernel")  # the plugin's rules: choices case-insensitive
+    assert guard.prefill_route() == "kernel"
     monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "0")
-    with pytest.raises(ValueError, match="must be one of auto, fa3, kernel, triton"):
+    with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_PREFILL='0': expected one of auto, fa3, kernel, triton"):
         guard.prefill_route()
     monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
     assert not guard.platform_default()  # off unless asked: no family is validated for it
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "1")
     assert guard.platform_default()
-    monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "yes")
-    with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_DEFAULT must be 0 or 1"):
+    monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "yes")  # every spelling the plugin's flags take
+    assert guard.platform_default()
+    monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "sometimes")
+    with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_DEFAULT='sometimes': expected 1/0, true/false"):
         guard.platform_default()
 
 

@@ -288,8 +288,8 @@ def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
 
 
 def test_doctor_gives_serving_verdict_for_a_bad_switch(tmp_path):
-    """The plugin runs the op's check() in doctor as in serving: a bad switch value is the same
-    activate-error decline, naming the allowed values, before anything is served."""
+    """The plugin parses the op's switches in doctor as in serving: a bad value is the same bad-switch
+    decline, naming the allowed values, before anything is served."""
     import json
     import subprocess
     import sys
@@ -298,5 +298,5 @@ def test_doctor_gives_serving_verdict_for_a_bad_switch(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "infera_vllm", "doctor", "--json"], capture_output=True, text=True,
                           env=env, timeout=300)
     ops = {o["op"]: o for o in json.loads(proc.stdout)["ops"]}
-    assert ops["attn-paged"]["reason"] == "activate-error", ops["attn-paged"]
+    assert ops["attn-paged"]["reason"] == "bad-switch", ops["attn-paged"]
     assert "auto, fa3, kernel, triton" in ops["attn-paged"]["detail"] and proc.returncode == 1  # it was asked for

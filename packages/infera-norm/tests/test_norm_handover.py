@@ -62,7 +62,7 @@ def test_fused_add_op_hands_over_in_place_and_counts(monkeypatch):
                                            ("-1", None)])
 def test_eager_threshold_switch(monkeypatch, raw, expected):
     monkeypatch.setenv("INFERA_NORM_EAGER_MIN_TOKENS", raw)
-    if expected is None:  # activate() raises it: the op is declined 'activate-error' with this message
+    if expected is None:  # the plugin refuses it first: the op is declined 'bad-switch' with this message
         with pytest.raises(ValueError, match="INFERA_NORM_EAGER_MIN_TOKENS"):
             provider.eager_min_tokens()
     else:
@@ -99,7 +99,8 @@ def test_per_head_rule_leaves_the_fused_add_alone():
         assert provider.decline_reason(x, None, None, r, allow_cpu=True, per_head_to_vllm=True) is None
 
 
-@pytest.mark.parametrize("raw, expected", [("", False), ("0", False), ("1", True), ("yes", None)])
+@pytest.mark.parametrize("raw, expected", [("", False), ("0", False), ("1", True), ("yes", True), ("off", False),
+                                           ("sometimes", None)])
 def test_per_head_switch(monkeypatch, raw, expected):
     monkeypatch.setenv("INFERA_NORM_PER_HEAD_KERNEL", raw)
     if expected is None:

@@ -1,8 +1,9 @@
 """From discovered specs to installed seams, one op at a time, each failure contained.
 
-Order per op, owned here (a template method, as OpenTelemetry's instrumentors): switches -> compatibility
-checks (versions, platform, vLLM symbols) -> import the op's seam module -> its ``check(ctx)`` (the op's own
-conditions: platform, tuning file, switch values; no side effects) -> its ``activate(ctx)`` (installs the
+Order per op, owned here (a template method, as OpenTelemetry's instrumentors): switches -> the op's own
+switches (``OpSpec.switches``, parsed by ``switches.op_values``; a refused value is ``bad-switch``) ->
+compatibility checks (versions, platform, vLLM symbols) -> import the op's seam module -> its ``check(ctx)``
+(the op's own conditions: platform, tuning file; no side effects) -> its ``activate(ctx)`` (installs the
 seam; only once check passed). ``doctor`` runs the same order without the last step, so it gives the verdict
 serving will give. Only the last three touch the op's own code; an exception there becomes a decline with
 its reason and never reaches vLLM (unless ``INFERA_VLLM_STRICT=1``).
@@ -17,24 +18,35 @@ from dataclasses import dataclass, field
 
 from infera_vllm import compile_key, compat, coverage, discovery, log
 from infera_vllm.spec import Decline, OpSpec, Reason
-from infera_vllm.switches import Switches
+from infera_vllm.switches import SwitchError, Switches, op_values
 
 
 # Declines that are the user's own choice, not a failure: strict mode does not turn them into errors.
 CHOSEN = {Reason.DISABLED.value, Reason.EXCLUDED.value, Reason.NOT_REQUESTED.value}
-# Declines that mean something the user (or an op's packager) gave is wrong, logged at WARNING: a switch or
-# tuning file the op refused (activate-error, bad-tuning), a spec that cannot be used, a name no wheel has.
-NEEDS_ATTENTION = {Reason.ACTIVATE_ERROR.value, Reason.SPEC_ERROR.value, Reason.NOT_INSTALLED.value, "bad-tuning"}
+# Declines that mean something the user (or an op's packager) gave is wrong, logged at WARNING: a value of
+# one of the op's switches its rules refuse (bad-switch), a tuning file the op refused (activate-error,
+# bad-tuning), a spec that cannot be used, a name no wheel has.
+NEEDS_ATTENTION = {Reason.BAD_SWITCH.value, Reason.ACTIVATE_ERROR.value, Reason.SPEC_ERROR.value,
+                   Reason.NOT_INSTALLED.value, "bad-tuning"}
 
 
 @dataclass
 class OpContext:
-    """What an op's ``activate(ctx)`` gets: its spec, the environment, the switches, and counters."""
+    """What an op's ``check(ctx)`` and ``activate(ctx)`` get: its spec, the environment, the plugin's switches,
+    the op's own switch values (parsed from ``spec.switches`` before ``check``), and counters."""
 
     spec: OpSpec
     env: compat.Environment
     switches: Switches
+    values: dict[str, object] = field(default_factory=dict)  # switch name -> parsed value (op_values)
     state: dict[str, object] = field(default_factory=dict)  # the op may keep handles here
+
+    def switch(self, name: str):
+        """The parsed value of one of the op's declared switches (``ctx.switch("INFERA_NORM_PER_HEAD_KERNEL")``)."""
+        if name not in self.values:
+            raise LookupError(f"op {self.spec.name!r} declares no switch {name!r} "
+                              f"(declared: {', '.join(self.values) or 'none'})")
+        return self.values[name]
 
     def counter(self, route: str, reason: str = "", bucket: str = "", at: str = "call"):
         return coverage.counter(self.spec.name, route, reason, bucket, at)
@@ -75,8 +87,15 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
     spec = found.spec
     if spec is None:
         return Verdict(found.name, found.distribution, found.version, "?", found.problem)
-    decline = switches.selection(spec) or compat.check(spec, env)
-    ctx = OpContext(spec, env, switches)
+    decline = switches.selection(spec)
+    values: dict[str, object] = {}
+    if decline is None:
+        try:
+            values = op_values(spec)
+        except SwitchError as exc:
+            decline = Decline(Reason.BAD_SWITCH, str(exc))
+    decline = decline or compat.check(spec, env)
+    ctx = OpContext(spec, env, switches, values)
     if decline is None:
         try:
             activate = load_callable(spec.activate)

@@ -16,6 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from infera_vllm.spec import Decline, OpSpec, Reason, Symbol
+from infera_vllm.switches import switch_problem
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _version_of(module: str) -> str | None:
 def spec_problem(spec: OpSpec) -> Decline | None:
     """A field of the spec that cannot be used, as a ``spec-error`` decline naming it (checked when the
     spec is discovered, so nothing later trips over it): every version range PEP 440, ``activate`` a
-    ``module:attribute`` path, at least one GPU family."""
+    ``module:attribute`` path, at least one GPU family, each declared switch usable and named once."""
     problem = _range_problem(spec)
     if problem is not None:
         return problem
@@ -71,6 +72,16 @@ def spec_problem(spec: OpSpec) -> Decline | None:
         return Decline(Reason.SPEC_ERROR, f"activate = {spec.activate!r} is not a 'module:attribute' path")
     if not spec.gpu_families:
         return Decline(Reason.SPEC_ERROR, "gpu_families is empty")
+    if not isinstance(spec.switches, tuple):
+        return Decline(Reason.SPEC_ERROR, f"switches = {spec.switches!r} is not a tuple of Switch")
+    names: set[str] = set()
+    for i, switch in enumerate(spec.switches):
+        problem = switch_problem(switch)
+        if problem is None and switch.name in names:
+            problem = f"{switch.name} is declared twice"
+        if problem is not None:
+            return Decline(Reason.SPEC_ERROR, f"switches[{i}]: {problem}")
+        names.add(switch.name)
     return None
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 from infera_vllm import activation, compat, discovery
-from infera_vllm.spec import Decline, Reason
-from infera_vllm.switches import Switches
+from infera_vllm.spec import Decline, OpSpec, Reason
+from infera_vllm.switches import SwitchError, Switches, allowed_values, default_text, parse
 from infera_vllm.version import __version__
 
 
@@ -56,6 +57,22 @@ def plan_model(verdicts: list[activation.Verdict], specs: dict, model: str) -> l
     return rows
 
 
+def switch_rows(spec: OpSpec | None) -> list[dict]:
+    """The op's declared switches with their current value (None: unset), default, what they accept, and the
+    problem serving would decline the op ``bad-switch`` for (empty when the value is good)."""
+    rows = []
+    for switch in spec.switches if spec is not None else ():
+        raw = os.environ.get(switch.name)
+        try:
+            parse(switch, raw)
+            problem = ""
+        except SwitchError as exc:
+            problem = str(exc)
+        rows.append({"switch": switch.name, "kind": switch.kind, "value": raw, "default": default_text(switch),
+                     "allowed": allowed_values(switch), "problem": problem, "doc": switch.doc})
+    return rows
+
+
 def collect(model: str | None = None) -> tuple[dict, int]:
     switches = Switches.from_env()
     env = compat.Environment.detect()
@@ -69,6 +86,7 @@ def collect(model: str | None = None) -> tuple[dict, int]:
     failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN
                and (switches.requested_explicitly(v.name) or switches.strict)]
     report_problem = activation.report_dir_problem(switches.report_dir) if switches.report_dir else None
+    specs = {f.spec.name: f.spec for f in found if f.spec is not None}
     doc = {
         "infera_vllm": __version__,
         "report_dir": {"path": switches.report_dir, "problem": report_problem},
@@ -78,10 +96,10 @@ def collect(model: str | None = None) -> tuple[dict, int]:
         "ops": [{"op": v.name, "distribution": v.distribution, "version": v.version, "seam": v.seam,
                  "verdict": "would activate" if v.active else "declined",
                  "reason": "" if v.active else str(v.decline.code),
-                 "detail": "" if v.active else v.decline.detail} for v in verdicts],
+                 "detail": "" if v.active else v.decline.detail,
+                 "switches": switch_rows(specs.get(v.name))} for v in verdicts],
     }
     if model is not None:
-        specs = {f.spec.name: f.spec for f in found if f.spec is not None}
         from infera_vllm.model_sites import load_config, unknown_architecture
 
         doc["model"] = {"path": model, "ops": plan_model(verdicts, specs, model),
@@ -105,6 +123,10 @@ def render(doc: dict) -> str:
     for o in doc["ops"]:
         why = f" [{o['reason']}] {o['detail']}" if o["reason"] else f" -> {o['seam']}"
         out.append(f"  {o['op']:<18} {o['distribution']} {o['version']}: {o['verdict']}{why}")
+        for sw in o["switches"]:
+            value = "unset" if sw["value"] is None else repr(sw["value"])
+            bad = "  <- refused" if sw["problem"] else ""
+            out.append(f"  {'':<18}   {sw['switch']} = {value} (default {sw['default']}; {sw['allowed']}){bad}")
     if "model" in doc:
         out += ["", f"model {doc['model']['path']}:"]
         if doc["model"].get("note"):

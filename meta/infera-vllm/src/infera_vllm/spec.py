@@ -42,6 +42,7 @@ class Reason(str, enum.Enum):
     IMPORT_ERROR = "import-error"  # the op's own module raised on import
     ACTIVATE_ERROR = "activate-error"  # the op's activate() raised (kernel build error, ...)
     NOT_IMPLEMENTED = "not-implemented"  # placeholder op: the kernel has not landed yet
+    BAD_SWITCH = "bad-switch"  # one of the op's own switches (OpSpec.switches) has a value its rules refuse
 
     def __str__(self) -> str:
         return self.value
@@ -76,6 +77,30 @@ class Symbol:
         return f"{self.module}:{self.attr}"
 
 
+SWITCH_KINDS = ("flag", "int", "choice", "path")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An environment switch of one op, declared in its spec and parsed by the plugin
+    (``infera_vllm.switches.parse``) before the op's ``check``; the op reads the value through
+    ``infera_vllm.switches.op_value(SPEC, name)``.
+
+    ``kind``: ``"flag"`` (1/0, true/false, yes/no, on/off; ``default`` a bool), ``"int"`` (an integer of at least
+    ``minimum`` when that is set), ``"choice"`` (one of ``choices``, compared case-insensitively; ``default``
+    one of them), ``"path"`` (a file path, taken as given: the op's reader names a file it cannot use). Unset
+    or empty means ``default``; ``None`` there means the switch is not set (an int or path with no default).
+    ``doc`` is one line on what it does (``infera-vllm doctor --json`` carries it).
+    """
+
+    name: str
+    kind: str
+    default: bool | int | str | None = None
+    choices: tuple[str, ...] = ()
+    minimum: int | None = None
+    doc: str = field(default="", compare=False)
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One operator, as its wheel advertises it.
@@ -86,6 +111,8 @@ class OpSpec:
     would take it) or a :class:`Decline`; ``infera-vllm doctor --model`` uses it on the ``sites`` kinds.
     ``tune`` (optional) names ``module:function`` taking the remaining command-line arguments (a list of
     strings) and returning an exit status: ``infera-vllm tune <op> ARGS...`` runs it (the op's offline tuner).
+    ``switches`` declares the op's own environment switches (:class:`Switch`): a bad value declines the op
+    ``bad-switch`` before its code is imported.
     """
 
     name: str
@@ -101,4 +128,5 @@ class OpSpec:
     sites: tuple[str, ...] = ()  # model-site kinds this op serves, e.g. ("rms_norm",)
     plan: str | None = None
     tune: str | None = None
+    switches: tuple[Switch, ...] = ()
     summary: str = field(default="", compare=False)

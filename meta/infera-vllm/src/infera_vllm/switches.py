@@ -5,15 +5,21 @@
 ``INFERA_VLLM_OPS_EXCLUDE=a,b`` deny-list, applied after the allow-list.
 ``INFERA_VLLM_STRICT=1``        every decline, at startup or per call, raises instead of falling back.
 ``INFERA_VLLM_REPORT_DIR=DIR``  where each process writes its coverage report.
+
+An op's own switches are declared in its spec (``OpSpec.switches``, :class:`~infera_vllm.spec.Switch`) and
+parsed here by one set of rules (``parse``): the plugin reads them before the op's ``check`` and declines the
+op ``bad-switch`` on a value the rules refuse; the op reads them through ``op_value``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infera_vllm.spec import Decline, OpSpec, Reason
+from infera_vllm.spec import SWITCH_KINDS, Decline, OpSpec, Reason, Switch
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -23,13 +29,17 @@ class SwitchError(ValueError):
     """An environment switch has a value we refuse to guess about."""
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in _TRUE:
+def _parse_flag(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
         return True
-    if raw in _FALSE:
+    if value in _FALSE:
         return False
-    raise SwitchError(f"{name}={env[name]!r}: expected 1/0, true/false, yes/no or on/off")
+    raise SwitchError(f"{name}={raw!r}: expected {allowed_values(Switch(name, 'flag'))}")
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return _parse_flag(name, env.get(name, ""))
 
 
 def _names(env: Mapping[str, str], name: str) -> frozenset[str] | None:
@@ -81,3 +91,108 @@ class Switches:
             "INFERA_VLLM_STRICT": self.strict,
             "INFERA_VLLM_REPORT_DIR": self.report_dir,
         }
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def allowed_values(switch: Switch) -> str:
+    """The values ``switch`` accepts, as the error messages, doctor and docs/switches.md write them."""
+    if switch.kind == "flag":
+        return "1/0, true/false, yes/no or on/off"
+    if switch.kind == "int":
+        return "an integer" + (f" >= {switch.minimum}" if switch.minimum is not None else "")
+    if switch.kind == "choice":
+        return "one of " + ", ".join(switch.choices)
+    return "a file path"
+
+
+def default_text(switch: Switch) -> str:
+    """The default as a user would write it: ``0``/``1`` for flags, ``unset`` where there is none."""
+    if switch.default is None:
+        return "unset"
+    if switch.kind == "flag":
+        return "1" if switch.default else "0"
+    return str(switch.default)
+
+
+@functools.lru_cache(maxsize=256)
+def parse(switch: Switch, raw: str | None) -> bool | int | str | None:
+    """The value of ``switch`` for the environment string ``raw`` (None: not set). Unset or blank is the
+    default; anything the kind's rule refuses is a :class:`SwitchError` naming the switch, the value and
+    what it accepts. Cached by (switch, raw): ops may read a switch on every call."""
+    if raw is None or not raw.strip():
+        return switch.default
+    if switch.kind == "flag":
+        return _parse_flag(switch.name, raw)
+    value = raw.strip()
+    if switch.kind == "int":
+        if _INTEGER.fullmatch(value) and (switch.minimum is None or int(value) >= switch.minimum):
+            return int(value)
+    elif switch.kind == "choice":
+        for choice in switch.choices:
+            if choice.lower() == value.lower():
+                return choice
+    elif switch.kind == "path":
+        return value
+    else:
+        raise SwitchError(f"{switch.name}: unknown switch kind {switch.kind!r} (one of {', '.join(SWITCH_KINDS)})")
+    raise SwitchError(f"{switch.name}={raw!r}: expected {allowed_values(switch)}")
+
+
+def switch_problem(switch: object) -> str | None:
+    """What makes a declared switch unusable (the plugin declines its op ``spec-error`` with it), or None."""
+    if not isinstance(switch, Switch):
+        return f"{switch!r} is not a Switch"
+    name = switch.name
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name) or name.startswith("INFERA_VLLM_"):
+        return f"switch name {name!r} must be an upper-case environment variable outside INFERA_VLLM_*"
+    try:
+        hash(switch)
+    except TypeError:
+        return f"{name}: its fields must be hashable (choices a tuple, not a list)"
+    if switch.kind not in SWITCH_KINDS:
+        return f"{name}: kind {switch.kind!r} is not one of {', '.join(SWITCH_KINDS)}"
+    default = switch.default
+    if switch.kind == "flag" and not isinstance(default, bool):
+        return f"{name}: a flag's default must be True or False, not {default!r}"
+    if switch.kind == "int":
+        if default is not None and (isinstance(default, bool) or not isinstance(default, int)):
+            return f"{name}: an int switch's default must be an int or None, not {default!r}"
+        if switch.minimum is not None and default is not None and default < switch.minimum:
+            return f"{name}: default {default} is below its minimum {switch.minimum}"
+    if switch.kind == "choice":
+        if not switch.choices or not all(isinstance(c, str) and c.strip() for c in switch.choices):
+            return f"{name}: a choice switch needs its choices (non-empty strings)"
+        if default not in switch.choices:
+            return f"{name}: default {default!r} is not among its choices ({', '.join(switch.choices)})"
+    if switch.kind == "path" and default is not None and not isinstance(default, str):
+        return f"{name}: a path switch's default must be a string or None, not {default!r}"
+    return None
+
+
+def op_values(spec: OpSpec, env: Mapping[str, str] | None = None) -> dict[str, bool | int | str | None]:
+    """Every switch ``spec`` declares, parsed from ``env`` (default: this process's environment). One
+    :class:`SwitchError` lists every value refused, each with what its switch accepts."""
+    env = os.environ if env is None else env
+    values: dict[str, bool | int | str | None] = {}
+    problems: list[str] = []
+    for switch in spec.switches:
+        try:
+            values[switch.name] = parse(switch, env.get(switch.name))
+        except SwitchError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise SwitchError("; ".join(problems))
+    return values
+
+
+def op_value(spec: OpSpec, name: str, env: Mapping[str, str] | None = None) -> bool | int | str | None:
+    """The value of the switch ``name`` that ``spec`` declares, from ``env`` (default: this process's
+    environment), by the same rules the plugin checked it with before the op's ``check``. A name the spec
+    does not declare is a LookupError (the op's own mistake); a bad value a :class:`SwitchError`."""
+    for switch in spec.switches:
+        if switch.name == name:
+            return parse(switch, (os.environ if env is None else env).get(name))
+    raise LookupError(f"op {spec.name!r} declares no switch {name!r} (declared: "
+                      f"{', '.join(s.name for s in spec.switches) or 'none'})")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from importlib import resources
 
 
@@ -11,9 +10,9 @@ class TuningFileError(ValueError):
     """The file the switch names cannot be read (the message names the switch and the path)."""
 
 
-def read(package: str, family: str, env_var: str) -> tuple[str, str] | None:
-    """(text, source) of the family's tuning file, or None when neither the switch nor the wheel has one."""
-    override = os.environ.get(env_var, "").strip()
+def read(package: str, family: str, env_var: str, override: str | None) -> tuple[str, str] | None:
+    """(text, source) of the family's tuning file, or None when neither the switch nor the wheel has one.
+    ``override`` is the value of the op's path switch ``env_var`` (``switches.op_value``; None: not set)."""
     if override:
         try:
             with open(override) as f:

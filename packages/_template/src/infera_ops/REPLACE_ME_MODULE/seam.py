@@ -1,7 +1,9 @@
 """Installs the operator into vLLM. Imported only after the plugin's checks passed, so heavy imports are fine.
 
-``check(ctx)``: the op's own conditions (platform, tuning file, switch values), no side effects; the plugin
-calls it first, in serving and in ``infera-vllm doctor`` alike (a raise is an ``activate-error`` decline).
+``check(ctx)``: the op's own conditions (platform, tuning file), no side effects; the plugin calls it first,
+in serving and in ``infera-vllm doctor`` alike (a raise is an ``activate-error`` decline). The switches
+declared in spec.py are parsed before it (a refused value is a ``bad-switch`` decline): ``ctx.switch(name)``
+here, ``infera_vllm.switches.op_value(SPEC, name)`` in code that runs later, never ``os.environ``.
 ``activate(ctx)``: called only once ``check`` passed: install the seam and return ``None``, or return a
 ``Decline``. Per call, route through counters made once here: ``kernel = ctx.counter("kernel", bucket=...)``,
 ``fallback = ctx.counter("fallback", "dtype")``.

@@ -1,6 +1,6 @@
 """What infera-REPLACE_ME_OP declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import OpSpec, Symbol
+from infera_vllm.spec import OpSpec, Switch, Symbol
 
 SPEC = OpSpec(
     name="REPLACE_ME_OP",
@@ -14,4 +14,11 @@ SPEC = OpSpec(
     gpu_families=("cpu", "sm90"),  # where the kernel is validated; "cpu" = Triton interpreter in CI
     activate="infera_ops.REPLACE_ME_MODULE.seam:activate",
     sites=(),  # model-site kinds for `doctor --model`: "rms_norm", "attention", "moe", "linear"
+    # the op's own environment switches: the plugin parses them before check() (a bad value declines the op
+    # bad-switch), doctor lists them, docs/switches.md must list each; read one with
+    # infera_vllm.switches.op_value(SPEC, name), or ctx.switch(name) in check/activate. Kinds: "flag" (default
+    # True/False), "int" (minimum=...), "choice" (choices=(...), default one of them), "path"; unset: default.
+    switches=(
+        Switch("INFERA_REPLACE_ME_EAGER", "flag", False, doc="REPLACE_ME: what turning it on changes"),
+    ),
 )

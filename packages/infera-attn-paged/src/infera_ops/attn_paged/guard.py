@@ -1,12 +1,14 @@
 """Which attention calls the decode kernel takes: plain checks on the layer (once, at construction) and on
 each batch's metadata; a reason code for everything it does not take, served by vLLM's Triton attention.
 
-Imports torch only (no vLLM), so the decisions are unit-testable apart from the backend.
+Imports torch only (no vLLM), so the decisions are unit-testable apart from the backend. The switches are
+declared in spec.py and read through ``infera_vllm.switches.op_value`` (the rules the plugin checked them with).
 """
 
-import os
-
 import torch
+
+from infera_ops.attn_paged.spec import SPEC
+from infera_vllm.switches import op_value
 
 HEAD_SIZES = (64, 80, 96, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -17,14 +19,6 @@ HANDOVERS = ("prefill-handover",)
 # Calls given to FlashAttention-3 (vLLM's build) because it is faster there: a route of their own.
 FA3 = "fa3"
 ROUTES = (FA3,)
-PREFILL_ROUTES = ("auto", "fa3", "kernel", "triton")
-
-
-def _switch(name: str, default: str) -> bool:
-    value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def prefill_route() -> str:
@@ -32,10 +26,7 @@ def prefill_route() -> str:
     FA3 runs on this GPU (it is faster than the ragged kernel at every measured prefill shape on the H200,
     docs/operators/attn-paged.md), else the ragged kernel; ``fa3``: FA3 (the ragged kernel where FA3 is
     absent); ``kernel``: the ragged kernel; ``triton``: vLLM's Triton attention (``prefill-handover``)."""
-    value = os.environ.get("INFERA_ATTN_PAGED_PREFILL", "auto")
-    if value not in PREFILL_ROUTES:
-        raise ValueError(f"INFERA_ATTN_PAGED_PREFILL must be one of {', '.join(PREFILL_ROUTES)}, got {value!r}")
-    return value
+    return op_value(SPEC, "INFERA_ATTN_PAGED_PREFILL")
 
 
 def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
@@ -47,7 +38,7 @@ def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
 def platform_default() -> bool:
     """``INFERA_ATTN_PAGED_DEFAULT``: 1 the backend is vLLM's automatic choice where it validates; 0 (default)
     only ``--attention-backend CUSTOM`` selects it."""
-    return _switch("INFERA_ATTN_PAGED_DEFAULT", "0")
+    return op_value(SPEC, "INFERA_ATTN_PAGED_DEFAULT")
 
 
 def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,

@@ -22,15 +22,14 @@ BACKEND = "infera_ops.attn_paged.backend.InferaAttentionBackend"
 
 
 def check(ctx) -> Decline | None:
-    """The platform, and the op's switches and tuning file: a bad value raises, which the plugin turns into
-    an ``activate-error`` decline with the message, in serving and in ``doctor`` alike."""
+    """The platform and the tuning file: one that cannot be used raises, which the plugin turns into an
+    ``activate-error`` decline with the message, in serving and in ``doctor`` alike. The switches (spec.py)
+    were parsed by the plugin before this; a refused value declined the op ``bad-switch``."""
     off = interpreter_off(ctx.env.gpu_family, "vLLM's CPU attention")
     if off is not None:
         return off
-    from infera_ops.attn_paged import guard, tuning
+    from infera_ops.attn_paged import tuning
 
-    guard.prefill_route()
-    guard.platform_default()
     tuning.load(ctx.env.gpu_family or "unknown")
     return None
 
@@ -39,9 +38,7 @@ def activate(ctx) -> Decline | None:
     """Installs the backend; the plugin calls it only once ``check(ctx)`` passed."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    from infera_ops.attn_paged import guard
-
-    default = guard.platform_default()
+    default = ctx.switch("INFERA_ATTN_PAGED_DEFAULT")
 
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"

@@ -1,6 +1,6 @@
 """What infera-attn-paged declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Switch, Symbol
 
 _REGISTRY = "vllm.v1.attention.backends.registry"
 _TRITON = "vllm.v1.attention.backends.triton_attn"
@@ -30,4 +30,13 @@ SPEC = OpSpec(
     activate="infera_ops.attn_paged.seam:activate",
     plan="infera_ops.attn_paged.seam:plan",
     sites=("attention",),
+    switches=(
+        Switch("INFERA_ATTN_PAGED_PREFILL", "choice", "auto", choices=("auto", "fa3", "kernel", "triton"),
+               doc="who serves prefill and mixed batches: FA3 where it runs (auto, fa3), the ragged kernel, "
+                   "or vLLM's Triton attention"),
+        Switch("INFERA_ATTN_PAGED_DEFAULT", "flag", False,
+               doc="the backend becomes vLLM's automatic attention choice where its validation lets it"),
+        Switch("INFERA_ATTN_PAGED_TUNING", "path",
+               doc="decode tuning file replacing the family's tuning/<family>.json"),
+    ),
 )

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 
+from infera_ops.attn_paged.spec import SPEC
 from infera_vllm import tuning_files
+from infera_vllm.switches import op_value
 
 
 class TuningError(ValueError):
@@ -63,7 +64,7 @@ def _parse(text: str, source: str) -> dict[int, DecodeSettings]:
 def _table(family: str, override: str) -> dict[int, DecodeSettings]:
     """Cached per (family, switch value): the hot path reads the file once."""
     try:
-        found = tuning_files.read("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING")
+        found = tuning_files.read("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING", override)
     except tuning_files.TuningFileError as exc:
         raise TuningError(str(exc)) from exc
     return _parse(*found) if found else {}
@@ -72,7 +73,7 @@ def _table(family: str, override: str) -> dict[int, DecodeSettings]:
 def load(family: str) -> dict[int, DecodeSettings]:
     """The family's table by head size (empty: not tuned); TuningError for a file that cannot be used, which
     the op's activation turns into a decline before any call is served."""
-    return _table(family, os.environ.get("INFERA_ATTN_PAGED_TUNING", "").strip())
+    return _table(family, op_value(SPEC, "INFERA_ATTN_PAGED_TUNING") or "")
 
 
 def decode_settings(head_size: int, device) -> DecodeSettings | None:

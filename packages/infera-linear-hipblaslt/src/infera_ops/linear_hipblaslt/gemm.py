@@ -14,15 +14,16 @@ only outside Dynamo's tracing. Imported only once the plugin's checks passed (it
 """
 
 import functools
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from infera_ops.linear_hipblaslt import ops
+from infera_ops.linear_hipblaslt.spec import SPEC
 from infera_ops.linear_hipblaslt.table import Table
 from infera_vllm import coverage
+from infera_vllm.switches import op_value
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # vLLM's GEMM serves these by design (measured or unmeasured), not for lack of capability: route "handover"
@@ -142,10 +143,8 @@ def install(op_name: str, table: Table, cpu: bool) -> None:
 
     if hasattr(linear_mod.dispatch_unquantized_gemm, "_infera_original"):
         return
-    raw = os.environ.get("INFERA_LINEAR_EAGER", "").strip().lower()
-    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise ValueError(f"INFERA_LINEAR_EAGER={raw!r}: expected 1/0, true/false, yes/no, on/off")
-    _state.update(table=table, count=coverage.CallCounts(op_name, HANDOVERS), eager=raw in ("1", "true", "yes", "on"))
+    _state.update(table=table, count=coverage.CallCounts(op_name, HANDOVERS),
+                  eager=op_value(SPEC, "INFERA_LINEAR_EAGER"))
     vllm_gemms = [getattr(utils, name) for name in ("default_unquantized_gemm", "rocm_unquantized_gemm",
                                                      "cpu_unquantized_gemm") if hasattr(utils, name)]
     platform_default = linear_mod.dispatch_unquantized_gemm()

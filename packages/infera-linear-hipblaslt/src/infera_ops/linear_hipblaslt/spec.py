@@ -1,6 +1,6 @@
 """What infera-linear-hipblaslt declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Switch, Symbol
 
 SPEC = OpSpec(
     name="linear-hipblaslt",
@@ -22,4 +22,9 @@ SPEC = OpSpec(
     sites=("linear",),
     plan="infera_ops.linear_hipblaslt.seam:plan",
     tune="infera_ops.linear_hipblaslt.tune:main",
+    switches=(
+        Switch("INFERA_LINEAR_TUNING", "path", doc="tuning table replacing the family's tuning/<family>.json"),
+        Switch("INFERA_LINEAR_EAGER", "flag", False,
+               doc="tuned shapes' eager calls go to the kernel too (default: only calls captured in CUDA graphs)"),
+    ),
 )

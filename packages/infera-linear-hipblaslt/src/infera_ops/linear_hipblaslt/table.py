@@ -20,7 +20,9 @@ import json
 from dataclasses import dataclass
 
 from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+from infera_ops.linear_hipblaslt.spec import SPEC
 from infera_vllm import tuning_files
+from infera_vllm.switches import op_value
 
 CHOICES = ("triton", "default")
 DTYPES = ("bfloat16", "float16")
@@ -95,7 +97,8 @@ def parse(text: str, source: str) -> Table:
 def load(family: str) -> Table | None:
     """The family's table (None: no file, not tuned)."""
     try:
-        found = tuning_files.read("infera_ops.linear_hipblaslt", family, "INFERA_LINEAR_TUNING")
+        found = tuning_files.read("infera_ops.linear_hipblaslt", family, "INFERA_LINEAR_TUNING",
+                                  op_value(SPEC, "INFERA_LINEAR_TUNING"))
     except tuning_files.TuningFileError as exc:
         raise TableError(str(exc)) from exc
     return parse(*found) if found else None

@@ -1,6 +1,6 @@
 """What infera-moe-decode declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Switch, Symbol
 
 SPEC = OpSpec(
     name="moe-decode",
@@ -19,4 +19,10 @@ SPEC = OpSpec(
     gpu_families=GPU_FAMILIES,
     activate="infera_ops.moe_decode.seam:activate",
     sites=("moe",),
+    switches=(
+        Switch("INFERA_MOE_DECODE_TUNING", "path", doc="tuning file replacing the family's tuning/<family>.json"),
+        Switch("INFERA_MOE_DECODE_MAX_TOKENS", "int", minimum=0,
+               doc="serve every call of up to N tokens whatever the tuning file says (0: none); makes a family "
+                   "without a tuning file usable"),
+    ),
 )

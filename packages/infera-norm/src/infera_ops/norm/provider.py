@@ -36,7 +36,6 @@ Three hand-overs to vLLM's own kernels, counted as route ``handover`` with a rea
   ``torch.ops._C`` when vLLM built it.
 """
 
-import os
 from typing import Optional
 
 import torch
@@ -45,7 +44,9 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from vllm import ir
 
 from infera_ops.norm import ops
+from infera_ops.norm.spec import SPEC
 from infera_vllm import coverage
+from infera_vllm.switches import op_value
 
 PROVIDER = "infera"
 DTYPES = (torch.bfloat16, torch.float16)
@@ -60,21 +61,14 @@ HANDOVERS = ("eager-launch-cost", "per-head-fusion", "vllm-c-faster")  # by desi
 def eager_min_tokens() -> int:
     """Eager calls from this many tokens on are served: ``INFERA_NORM_EAGER_MIN_TOKENS`` (0 = all); unset,
     none (EAGER_NEVER)."""
-    raw = os.environ.get("INFERA_NORM_EAGER_MIN_TOKENS", "").strip()
-    if not raw:
-        return EAGER_NEVER
-    if not raw.isdigit():
-        raise ValueError(f"INFERA_NORM_EAGER_MIN_TOKENS={raw!r}: expected a token count >= 0")
-    return int(raw)
+    tokens = op_value(SPEC, "INFERA_NORM_EAGER_MIN_TOKENS")
+    return EAGER_NEVER if tokens is None else tokens
 
 
 def per_head_kernel() -> bool:
     """``INFERA_NORM_PER_HEAD_KERNEL``: 1 the kernel serves per-head norms in compiled graphs too; 0 (default)
     they go to vLLM's next provider there, for Inductor to fuse (``per-head-fusion``)."""
-    raw = os.environ.get("INFERA_NORM_PER_HEAD_KERNEL", "").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"INFERA_NORM_PER_HEAD_KERNEL={raw!r}: expected 0 or 1")
-    return raw == "1"
+    return op_value(SPEC, "INFERA_NORM_PER_HEAD_KERNEL")
 
 
 def _vllm_c_hands_over(tokens: int, hidden: int) -> bool:

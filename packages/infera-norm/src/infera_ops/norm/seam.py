@@ -25,7 +25,7 @@ def activate(ctx) -> Decline | None:
 
     provider.install(ctx.spec.name, allow_cpu=ctx.env.gpu_family == "cpu")
     # what the provider bakes into compiled graphs beyond its version: vLLM's compile cache keys on it
-    ctx.state["compile_key"] = "per-head:" + ("kernel" if provider.per_head_kernel() else "vllm")
+    ctx.state["compile_key"] = "per-head:" + ("kernel" if ctx.switch("INFERA_NORM_PER_HEAD_KERNEL") else "vllm")
     named = ctx.switches.requested_explicitly(ctx.spec.name)
     validated = ctx.env.gpu_family in FIRST_BY_DEFAULT
     if named or validated:

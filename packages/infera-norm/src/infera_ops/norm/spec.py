@@ -1,6 +1,6 @@
 """What infera-norm declares to the plugin. Plain data: imports nothing but ``infera_vllm.spec``."""
 
-from infera_vllm.spec import GPU_FAMILIES, OpSpec, Symbol
+from infera_vllm.spec import GPU_FAMILIES, OpSpec, Switch, Symbol
 
 _IR_PARAMS = ("provider", "supported", "supports_args")
 
@@ -19,4 +19,12 @@ SPEC = OpSpec(
     gpu_families=GPU_FAMILIES,
     activate="infera_ops.norm.seam:activate",
     sites=("rms_norm",),
+    switches=(
+        Switch("INFERA_NORM_EAGER_MIN_TOKENS", "int", minimum=0,
+               doc="eager calls (no CUDA-graph capture) from this many tokens on go to the kernel (0: all); "
+                   "unset: none, vLLM's next provider serves them (eager-launch-cost)"),
+        Switch("INFERA_NORM_PER_HEAD_KERNEL", "flag", False,
+               doc="per-head (q/k) norms stay on the kernel in compiled graphs too, instead of going to "
+                   "vLLM's next provider for Inductor to fuse (per-head-fusion)"),
+    ),
 )
