@@ -9,15 +9,24 @@ wins), ``config`` serves the rest.
 """
 
 import json
-import os
 from dataclasses import dataclass, field
 from importlib import resources
 
 from infera_ops.moe_decode.kernels import LaunchConfig
+from infera_ops.moe_decode.spec import SPEC
+from infera_vllm.switches import SwitchError, op_value
 
 
 class TuningError(ValueError):
     """A tuning file or switch that cannot be used (the op declines with this message)."""
+
+
+def _switch(name: str):
+    """A switch spec.py declares, by the rules the plugin checked it with before the op's check."""
+    try:
+        return op_value(SPEC, name)
+    except SwitchError as exc:
+        raise TuningError(str(exc)) from exc
 
 
 @dataclass
@@ -47,7 +56,7 @@ def _read(path_or_text: str, source: str) -> dict:
 def load(family: str) -> Tuning | None:
     """The family's tuning (None: not tuned and no threshold given)."""
     doc, source = None, None
-    override = os.environ.get("INFERA_MOE_DECODE_TUNING", "").strip()
+    override = _switch("INFERA_MOE_DECODE_TUNING")
     if override:
         try:
             with open(override) as f:
@@ -58,10 +67,8 @@ def load(family: str) -> Tuning | None:
         packaged = resources.files("infera_ops.moe_decode").joinpath("tuning", f"{family}.json")
         if packaged.is_file():
             doc, source = _read(packaged.read_text(), f"tuning/{family}.json"), f"tuning/{family}.json"
-    raw = os.environ.get("INFERA_MOE_DECODE_MAX_TOKENS", "").strip()
-    if raw and not raw.isdigit():
-        raise TuningError(f"INFERA_MOE_DECODE_MAX_TOKENS={raw!r}: expected a token count >= 0")
-    if doc is None and not raw:
+    threshold = _switch("INFERA_MOE_DECODE_MAX_TOKENS")  # None: not set
+    if doc is None and threshold is None:
         return None
     doc = doc or {}
     try:
@@ -69,5 +76,5 @@ def load(family: str) -> Tuning | None:
         by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in doc.get("by_tokens", {}).items()))
     except (TypeError, ValueError, AttributeError) as exc:
         raise TuningError(f"{source}: bad 'config' or 'by_tokens' ({exc})") from exc
-    max_tokens = int(raw) if raw else doc["max_tokens"]
+    max_tokens = threshold if threshold is not None else doc["max_tokens"]
     return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens)
