@@ -53,3 +53,50 @@ def write_json(directory: str, name: str, doc: dict) -> str:
     with open(path, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     return path
+
+
+def copy_ceiling_tb_s(gib: int = 2) -> float:
+    """The GPU's copy bandwidth (read + write bytes per second) over ``gib`` GiB, far beyond any L2."""
+    import torch
+    from triton.testing import do_bench
+
+    src = torch.empty(gib * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    nbytes = 2 * src.numel() * 2
+    del src, dst
+    torch.cuda.empty_cache()
+    return nbytes / (ms * 1e-3) / 1e12
+
+
+def read_ceiling_tb_s(gib: int = 4) -> float:
+    """The GPU's read bandwidth: a streaming sum over ``gib`` GiB (a grid-stride Triton kernel, one fp32
+    partial per program), the best of it and torch's own sum. Read-only traffic runs faster than a copy:
+    weight-streaming kernels are judged against this."""
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.testing import do_bench
+
+    @triton.jit
+    def _stream_sum(x_ptr, part_ptr, n, BLOCK: tl.constexpr):
+        pid, programs = tl.program_id(0), tl.num_programs(0)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(pid * BLOCK, n, programs * BLOCK):
+            idx = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+        tl.store(part_ptr + pid, tl.sum(acc, axis=0))
+
+    x = torch.empty(gib * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    best = float("inf")
+    for programs, block, warps in ((sms * 4, 4096, 8), (sms * 8, 2048, 4), (sms * 2, 8192, 16), (sms * 4, 16384, 16),
+                                   (sms * 16, 4096, 4)):
+        part = torch.empty(programs, dtype=torch.float32, device="cuda")
+        best = min(best, do_bench(lambda: _stream_sum[(programs,)](x, part, x.numel(), BLOCK=block,
+                                                                   num_warps=warps), return_mode="median"))
+    best = min(best, do_bench(lambda: x.sum(dtype=torch.float32), return_mode="median"))
+    nbytes = x.numel() * 2
+    del x
+    torch.cuda.empty_cache()
+    return nbytes / (best * 1e-3) / 1e12

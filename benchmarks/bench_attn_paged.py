@@ -79,7 +79,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
 
 HEADS = {  # name: (Hq, Hkv, D)
     "llama3-8b": (32, 8, 128),
@@ -451,17 +451,6 @@ def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: b
             except Exception:  # noqa: BLE001
                 pass
     return res
-
-
-def copy_ceiling_tb_s() -> float:
-    from triton.testing import do_bench
-
-    src = torch.empty(1024**3, dtype=torch.bfloat16, device="cuda").normal_()  # 2 GiB
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * 1024**3 * 2 / (ms * 1e-3) / 1e12
 
 
 def pct(nbytes: int, us, ceiling: float):

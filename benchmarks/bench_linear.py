@@ -22,8 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
-from bench_moe_decode import copy_ceiling_tb_s  # noqa: E402
+from _results import copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
 
 SHAPES = ((6144, 4096), (28672, 4096), (4096, 14336))  # (N, K)
 GRID = {"block_n": (16, 32, 64), "block_k": (256,), "split_k": (1, 2), "num_stages": (3, 4)}

@@ -1,45 +1,95 @@
 """Decode MoE experts: infera's kernels vs vLLM's ``fused_experts`` (Triton), bf16, random routing, one GPU.
 
 Bytes = distinct experts read x 3·I·H·2 (the weight traffic; activations are negligible at decode).
-Timed from CUDA-graph replays (``do_bench_cudagraph``), as vLLM runs decode; copy ceiling measured in the
-same run. Blocks from the family's tuning (``tuning/<family>.json`` or ``INFERA_MOE_DECODE_TUNING``), else the
-defaults; ``served`` says whether the op would take that M (above ``max_tokens`` it hands over to vLLM, so
-the production ratio there is 1.0 by construction). Prints a table, writes JSON + a plot under ``results/<gpu>/`` (or ``$BENCH_OUT``).
+Timed from CUDA-graph replays (``do_bench_cudagraph``), as vLLM runs decode, with a cold L2: each replay
+runs ROTATIONS calls whose routings use different experts (as consecutive layers read different weights),
+and the time per call is the replay's over ROTATIONS. Copy and read ceilings measured in the same run
+(``infera_pct_copy``, ``infera_pct_read``). Blocks from the family's tuning (``tuning/<family>.json`` or
+``INFERA_MOE_DECODE_TUNING``); ``served`` says whether the op takes that (dims, M) in serving (else it hands
+over to vLLM: the production ratio there is 1.0 by construction). Prints a table, writes JSON + a plot under
+``results/<gpu>/`` (or ``--out``).
 
-    python benchmarks/bench_moe_decode.py
+    python benchmarks/bench_moe_decode.py [--dims qwen3-30b-a3b,mixtral] [--tokens 1,2,4]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import copy_ceiling_tb_s, describe_machine, read_ceiling_tb_s, results_dir, write_json  # noqa: E402
 
 DIMS = {  # name: (E, H, I, top-k)
     "qwen3-30b-a3b": (128, 2048, 768, 8),
     "deepseek-v3": (256, 7168, 2048, 8),
     "mixtral": (8, 4096, 14336, 2),
+    "deepseek-v2-lite": (64, 2048, 1408, 6),  # many small experts; its shared expert runs outside the op
+    "phi-3.5-moe": (16, 4096, 6400, 2),
 }
 MS = (1, 2, 4, 8, 16, 32, 64)
+ROTATIONS = 4
 
 
-def copy_ceiling_tb_s() -> float:
-    from triton.testing import do_bench
+class Case:
+    """One (dims, M): weights, ROTATIONS routings over different experts, and both implementations."""
 
-    src = torch.empty(1024**3, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e12
+    def __init__(self, weights: tuple, dims: str, M: int, gen: torch.Generator):
+        E, H, I, K = DIMS[dims]
+        self.dims, self.M, (self.w13, self.w2) = dims, M, weights
+        self.x = [torch.randn(M, H, generator=gen).to("cuda", torch.bfloat16) for _ in range(ROTATIONS)]
+        self.routing = []
+        perm = torch.randperm(E, generator=gen)
+        for r in range(ROTATIONS):  # token m of rotation r picks from a window of experts shifted by r·K
+            logits = torch.randn(M, E, generator=gen)
+            weights, ids = logits.softmax(-1).topk(K)
+            ids = perm[(ids + r * K) % E]
+            self.routing.append((weights.to("cuda"), ids.to("cuda", torch.int32)))
+        # distinct experts per call, averaged over the rotations (each replay runs all of them)
+        self.distinct = sum(int(torch.unique(ids).numel()) for _, ids in self.routing) / ROTATIONS
+        self.bytes = int(self.distinct * 3 * I * H * 2)
+
+    def run(self, fn, r=0):
+        weights, ids = self.routing[r]
+        return fn(self.x[r], self.w13, self.w2, weights, ids)
+
+    def time_us(self, fn) -> float:
+        from triton.testing import do_bench_cudagraph
+
+        def replay():
+            for r in range(ROTATIONS):
+                self.run(fn, r)
+
+        return do_bench_cudagraph(replay, rep=30) * 1e3 / ROTATIONS
+
+
+def vllm_experts():
+    from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
+
+    return lambda x, w13, w2, weights, ids: fused_experts(x, w13, w2, weights, ids)
+
+
+def make_weights(dims: str):
+    """Random bf16 expert weights of that dims, made on the GPU (DeepSeek-V3's are 22 GB)."""
+    E, H, I, _ = DIMS[dims]
+    w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda").normal_().div_(H**0.5)
+    w2 = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda").normal_().div_(I**0.5)
+    return w13, w2
+
+
+def rel_err(got, want) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
 
 
 def main() -> int:
-    from triton.testing import do_bench_cudagraph
-    from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
-
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dims", default=",".join(DIMS), help="comma-separated names from DIMS")
+    parser.add_argument("--tokens", default=",".join(map(str, MS)), help="comma-separated token counts M")
+    parser.add_argument("--out", default=None, help="results directory (default results/<gpu>/)")
+    args = parser.parse_args()
     from infera_ops.moe_decode import ops, tuning
     from infera_ops.moe_decode.kernels import LaunchConfig
     from infera_ops.moe_decode.reference import moe_experts_reference
@@ -47,60 +97,63 @@ def main() -> int:
 
     machine = describe_machine()
     tuned = tuning.load(detect_gpu_family()[0])
-    print(f"blocks: {tuned.source if tuned else 'defaults (no tuning file)'}; "
-          f"serves up to {tuned.max_tokens if tuned else '-'} tokens", flush=True)
-    ceiling = copy_ceiling_tb_s()
-    rows = []
+    print(f"blocks: {tuned.source if tuned else 'defaults (no tuning file)'}", flush=True)
+    copy, read = copy_ceiling_tb_s(), read_ceiling_tb_s()
+    print(f"copy ceiling {copy:.2f} TB/s, read ceiling {read:.2f} TB/s", flush=True)
+    theirs = vllm_experts()
+    rows, gen = [], torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    for name, (E, H, I, K) in DIMS.items():
-        w13 = torch.randn(E, 2 * I, H, dtype=torch.bfloat16, device="cuda") / H**0.5
-        w2 = torch.randn(E, H, I, dtype=torch.bfloat16, device="cuda") / I**0.5
-        for M in MS:
-            x = torch.randn(M, H, dtype=torch.bfloat16, device="cuda")
-            weights, ids = torch.randn(M, E, device="cuda").softmax(-1).topk(K)
-            ids = ids.to(torch.int32)
-            distinct = int(torch.unique(ids).numel())
-            nbytes = distinct * 3 * I * H * 2
+    for name in args.dims.split(","):
+        E, H, I, K = DIMS[name]
+        weights = make_weights(name)
+        for M in map(int, args.tokens.split(",")):
+            case = Case(weights, name, M, gen)
             cfg = tuned.config_for(M) if tuned else LaunchConfig()
-            ours = ops.moe_experts(x, w13, w2, weights, ids, config=cfg)
-            theirs = fused_experts(x, w13, w2, weights, ids)
-            err = ((ours.float() - theirs.float()).abs().max() / theirs.float().abs().max()).item()
-            if M <= 4:
-                ref = moe_experts_reference(x, w13, w2, weights, ids)
-                err = max(err, ((ours.float() - ref).abs().max() / ref.abs().max()).item())
-            t_ours = do_bench_cudagraph(lambda: ops.moe_experts(x, w13, w2, weights, ids, config=cfg), rep=30) * 1e3
-            t_vllm = do_bench_cudagraph(lambda: fused_experts(x, w13, w2, weights, ids), rep=30) * 1e3
-            row = {"dims": name, "E": E, "H": H, "I": I, "topk": K, "M": M, "distinct_experts": distinct,
-                   "bytes": nbytes, "infera_us": t_ours, "vllm_us": t_vllm, "speedup": t_vllm / t_ours,
-                   "infera_pct_copy": nbytes / (t_ours * 1e-6) / 1e12 / ceiling * 100,
-                   "vllm_pct_copy": nbytes / (t_vllm * 1e-6) / 1e12 / ceiling * 100, "max_rel_err": err,
-                   "served": bool(tuned and M <= tuned.max_tokens), "config": cfg.as_dict()}
+
+            def ours(x, w13, w2, weights, ids, cfg=cfg):
+                return ops.moe_experts(x, w13, w2, weights, ids, config=cfg)
+
+            err = rel_err(case.run(ours), case.run(theirs))
+            if M <= 2:
+                ref = moe_experts_reference(case.x[0], case.w13, case.w2, *case.routing[0])
+                err = max(err, rel_err(case.run(ours), ref))
+            t_ours, t_vllm = case.time_us(ours), case.time_us(theirs)
+            tbs = case.bytes / 1e6  # MB / us = TB/s
+            row = {"dims": name, "E": E, "H": H, "I": I, "topk": K, "M": M, "distinct_experts": case.distinct,
+                   "bytes": case.bytes, "infera_us": t_ours, "vllm_us": t_vllm, "speedup": t_vllm / t_ours,
+                   "infera_pct_copy": tbs / t_ours / copy * 100, "infera_pct_read": tbs / t_ours / read * 100,
+                   "vllm_pct_copy": tbs / t_vllm / copy * 100, "vllm_pct_read": tbs / t_vllm / read * 100,
+                   "max_rel_err": err, "served": bool(tuned and tuned.serves(M, E, H, I, K)), "config": cfg.as_dict()}
             rows.append(row)
-            print(f"{name:<14} M={M:<3} experts={distinct:<4} infera {t_ours:8.1f} us ({row['infera_pct_copy']:5.1f}%) "
-                  f"vllm {t_vllm:8.1f} us ({row['vllm_pct_copy']:5.1f}%) x{row['speedup']:.2f} rel.err {err:.1e}"
-                  f"{'' if row['served'] else ' (handed over in serving)'}",
+            print(f"{name:<17} M={M:<3} experts={case.distinct:<5.1f} infera {t_ours:8.1f} us "
+                  f"({row['infera_pct_read']:5.1f}% read) vllm {t_vllm:8.1f} us ({row['vllm_pct_read']:5.1f}%) "
+                  f"x{row['speedup']:.2f} rel.err {err:.1e}{'' if row['served'] else ' (handed over in serving)'}",
                   flush=True)
-    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+        del weights
+        torch.cuda.empty_cache()
+    out_dir = args.out or results_dir(machine)
     path = write_json(out_dir, "bench_moe_decode", {"benchmark": "bench_moe_decode", "machine": machine,
-                                                    "copy_ceiling_tb_s": ceiling,
+                                                    "copy_ceiling_tb_s": copy, "read_ceiling_tb_s": read,
+                                                    "rotations": ROTATIONS,
                                                     "tuning": tuned.source if tuned else None, "rows": rows})
-    plot(rows, ceiling, path.replace(".json", ".png"))
-    print(f"copy ceiling {ceiling:.2f} TB/s; wrote {path}")
+    plot(rows, read, path.replace(".json", ".png"))
+    print(f"wrote {path}")
     return 0
 
 
-def plot(rows, ceiling, path):
+def plot(rows, read, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(DIMS), figsize=(5 * len(DIMS), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], DIMS):
+    names = list(dict.fromkeys(r["dims"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
         sel = [r for r in rows if r["dims"] == name]
         for key, label in (("infera_us", "infera"), ("vllm_us", "vLLM fused_experts")):
             ax.plot([r["M"] for r in sel], [r["bytes"] / (r[key] * 1e-6) / 1e12 for r in sel], "o-", label=label)
-        ax.axhline(ceiling, color="k", ls="--", label=f"copy ceiling {ceiling:.2f} TB/s")
+        ax.axhline(read, color="k", ls="--", label=f"read ceiling {read:.2f} TB/s")
         ax.set_xscale("log", base=2)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("M (tokens)")

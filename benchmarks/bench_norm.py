@@ -29,22 +29,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
 from tune_norm import graph_us, tensor_sets  # noqa: E402
 
 HS = (576, 2048, 4096, 7168, 8192)
 MS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 16384)
 EPS = 1e-6
 NAMES = ("infera", "infera_kernel", "vllm_c", "native_compiled")
-
-
-def copy_ceiling_tb_s() -> float:
-    from triton.testing import do_bench
-
-    src = torch.empty(2 * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
-    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e12
 
 
 def providers():

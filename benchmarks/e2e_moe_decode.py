@@ -149,33 +149,43 @@ def main() -> int:
     with open(os.path.join(model, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     runs = {label: [] for label in RUNS}
-    for r in range(args.rounds):
+    for r in range(args.rounds):  # the JSON is rewritten after every round: a cut-off run keeps what it measured
         for label in RUNS:
             report_dir = os.path.join(work, f"report-{label}-r{r}")
             runs[label].append((_spawn(label, model, args.preset, report_dir), report_dir))
+        path = summarize(runs, cfg, preset, args, machine, out_dir)
+    print(f"wrote {path} and the plot beside it")
+    return 0
+
+
+def summarize(runs: dict, cfg: dict, preset: dict, args, machine: dict, out_dir: str) -> str:
+    """Median tokens/s per label and batch over every repeat of every round; ``off_vs_off`` = the ratio of
+    the plugin-off medians of the first two rounds (the run-to-run noise a difference must exceed)."""
     ceiling_bw = float(os.environ.get("COPY_CEILING_TB_S", "4.27")) * 1e12  # H200 copy ceiling (bench_moe_decode)
     rows = []
-    print(f"{'batch':>5} {'off tok/s':>10} {'on tok/s':>10} {'on/off':>7} {'ceiling':>8} {'agreement':>9}")
+    print(f"{'batch':>5} {'off tok/s':>10} {'on tok/s':>10} {'on/off':>7} {'off/off':>7} {'ceiling':>8} {'agreement':>9}")
     for batch in map(str, preset["batches"]):
-        rate = {label: _median([x for res, _ in runs[label] for x in res[batch]["tokens_per_s_all"]]) for label in RUNS}
+        samples = {label: [x for res, _ in runs[label] for x in res[batch]["tokens_per_s_all"]] for label in RUNS}
+        rate = {label: _median(samples[label]) for label in RUNS}
+        rounds_off = [_median(res[batch]["tokens_per_s_all"]) for res, _ in runs["off"]]
+        off_vs_off = rounds_off[1] / rounds_off[0] if len(rounds_off) > 1 else None
         agree = _agreement(runs["off"][0][0][batch]["tokens"], runs["on"][0][0][batch]["tokens"])
         ceiling = int(batch) / (weight_bytes_per_step(cfg, int(batch)) / ceiling_bw)
         rows.append({"batch": int(batch), "off_tokens_per_s": rate["off"], "on_tokens_per_s": rate["on"],
-                     "ratio": rate["on"] / rate["off"], "weight_traffic_ceiling_tokens_per_s": ceiling,
-                     "all": {label: [x for res, _ in runs[label] for x in res[batch]["tokens_per_s_all"]] for label in RUNS},
-                     **agree})
-        print(f"{batch:>5} {rate['off']:>10.1f} {rate['on']:>10.1f} {rate['on'] / rate['off']:>7.3f} {ceiling:>8.0f} "
-              f"{agree['agreement']:>9.3f}")
+                     "ratio": rate["on"] / rate["off"], "off_vs_off": off_vs_off,
+                     "spread": {label: (max(v) - min(v)) / rate[label] for label, v in samples.items()},
+                     "weight_traffic_ceiling_tokens_per_s": ceiling, "all": samples, **agree})
+        print(f"{batch:>5} {rate['off']:>10.1f} {rate['on']:>10.1f} {rate['on'] / rate['off']:>7.3f} "
+              f"{off_vs_off if off_vs_off is not None else float('nan'):>7.3f} {ceiling:>8.0f} {agree['agreement']:>9.3f}")
     coverage = _coverage(runs["on"][0][1])  # plugin off writes no report
     print("moe-decode coverage (plugin on, first round):", json.dumps(coverage))
-    doc = {"benchmark": "e2e_moe_decode", "machine": machine, "preset": args.preset, "rounds": args.rounds,
-           "model_config": cfg, "prompt_tokens": PROMPT_TOKENS, "max_tokens": preset["max_tokens"],
-           "llm_kwargs": preset["llm"], "tuning": os.environ.get("INFERA_MOE_DECODE_TUNING"), "rows": rows,
-           "coverage": coverage}
+    doc = {"benchmark": "e2e_moe_decode", "machine": machine, "preset": args.preset,
+           "rounds": len(runs["off"]), "model_config": cfg, "prompt_tokens": PROMPT_TOKENS,
+           "max_tokens": preset["max_tokens"], "llm_kwargs": preset["llm"],
+           "tuning": os.environ.get("INFERA_MOE_DECODE_TUNING"), "rows": rows, "coverage": coverage}
     path = write_json(out_dir, "e2e_moe_decode" + ("" if args.preset == "h200" else f"_{args.preset}"), doc)
     plot(rows, path.replace(".json", ".png"))
-    print(f"wrote {path} and the plot beside it")
-    return 0
+    return path
 
 
 def plot(rows: list[dict], path: str) -> None:

@@ -12,7 +12,7 @@ def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
     args = dict(hidden_states=torch.randn(M, H, dtype=dtype), w1=torch.randn(E, 2 * I, H, dtype=dtype),
                 w2=torch.randn(E, H, I, dtype=dtype), topk_ids=torch.zeros(M, 2, dtype=torch.int32),
                 activation="silu", expert_map=None, apply_router_weight_on_input=False, a1q_scale=None,
-                w1_bias=None, w2_bias=None, max_tokens=16)
+                w1_bias=None, w2_bias=None, serves=tuning.Tuning(max_tokens=over.pop("max_tokens", 16)).serves)
     args.update(over)
     return args
 
@@ -24,7 +24,8 @@ def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
     ({"max_tokens": 0, "M": 1}, "tokens-above-threshold"),
     ({"dtype": torch.float32}, "dtype"),
     ({"activation": "gelu"}, "activation"),
-    ({"expert_map": torch.arange(4)}, "expert-map"),
+    ({"expert_map": torch.arange(4)}, None),  # expert parallel: the kernel serves the local experts
+    ({"expert_map": torch.arange(4).view(2, 2)}, "expert-map"),
     ({"apply_router_weight_on_input": True}, "router-weight-on-input"),
     ({"w1_bias": torch.zeros(4, 64)}, "bias"),
     ({"a1q_scale": torch.ones(1)}, "weight-dtype"),
@@ -78,6 +79,30 @@ def test_bad_threshold_switch(monkeypatch):
     monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "many")
     with pytest.raises(tuning.TuningError, match="INFERA_MOE_DECODE_MAX_TOKENS"):
         tuning.load("cpu")
+
+
+def test_served_token_counts_per_expert_shape(monkeypatch, tmp_path):
+    """Measured shapes take the token counts they won at; others the file's max_tokens; the switch overrides."""
+    own = tmp_path / "t.json"
+    qwen, small = tuning.shape_key(128, 2048, 768, 8), tuning.shape_key(4, 64, 32, 2)
+    own.write_text(json.dumps({"max_tokens": 1, "served": {qwen: [1, 2, 8, 16], small: [1, 2, 8]}}))
+    monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
+    monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
+    got = tuning.load("sm90")
+    assert [got.serves(m, 128, 2048, 768, 8) for m in (1, 2, 3, 4, 5, 8, 16, 17)] == [
+        True, True, False, False, True, True, True, False]
+    assert [got.serves(m, 64, 2048, 1408, 6) for m in (1, 2)] == [True, False]
+    assert got.largest_served == 16
+    assert guard.decline_reason(**_args(M=3, serves=got.serves)) == "tokens-above-threshold"
+    assert guard.decline_reason(**_args(M=5, serves=got.serves)) is None
+    monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "4")
+    forced = tuning.load("sm90")
+    assert forced.serves(3, 128, 2048, 768, 8) and forced.serves(4, 64, 2048, 1408, 6)
+    assert not forced.serves(5, 128, 2048, 768, 8)
+    own.write_text(json.dumps({"max_tokens": 1, "served": {qwen: ["many"]}}))
+    monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS")
+    with pytest.raises(tuning.TuningError, match="served"):
+        tuning.load("sm90")
 
 
 def test_blocks_by_token_count(monkeypatch, tmp_path):

@@ -17,8 +17,8 @@ ops = importlib.import_module("infera_ops.moe_decode.ops")
 kernels = importlib.import_module("infera_ops.moe_decode.kernels")
 # small blocks so the test shapes cross several blocks and leave ragged edges
 SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
-SMALL_FUSED_SUM = kernels.LaunchConfig(block_i=16, block_h=32, block_n=16, block_k=16, fused_sum=True)
-BOTH = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED_SUM], ids=["grouped-down", "fused-sum"])
+SMALL_FUSED = kernels.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
+FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED], ids=["split", "fused"])
 
 
 def _routing(M, E, topk, gen):
@@ -46,7 +46,7 @@ def _check(out, ref, dtype):
     (1, 64, 32, 4, 1), (1, 96, 40, 8, 8), (3, 100, 24, 6, 4), (5, 48, 56, 5, 2), (16, 64, 32, 4, 3), (7, 130, 20, 16, 8),
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@BOTH
+@FORMS
 def test_moe_experts(M, H, I, E, topk, dtype, config):
     x, w13, w2, ids, weights = _case(M, H, I, E, topk, dtype, seed=M * 1000 + H)
     out = torch.full((M, H), float("nan"), dtype=dtype, device=DEVICE)
@@ -55,7 +55,7 @@ def test_moe_experts(M, H, I, E, topk, dtype, config):
     _check(got, moe_experts_reference(x, w13, w2, weights, ids), dtype)
 
 
-@BOTH
+@FORMS
 def test_every_token_on_the_same_experts(config):
     """All tokens choose the same experts: one program per expert serves them all (one weight read)."""
     x, w13, w2, _, _ = _case(16, 64, 32, 8, 2, torch.bfloat16, seed=7)
@@ -65,17 +65,64 @@ def test_every_token_on_the_same_experts(config):
            torch.bfloat16)
 
 
-@pytest.mark.parametrize("fused_sum", [False, True])
-def test_default_blocks_int64_ids_and_strided_out(fused_sum):
+@pytest.mark.parametrize("form", kernels.FORMS)
+def test_default_blocks_int64_ids_and_strided_out(form):
     """Default blocks, int64 expert ids, bf16 router weights, an output that is a column slice of a wider
     buffer (row stride != H): the neighbouring columns must stay as they were."""
     x, w13, w2, ids, weights = _case(2, 256, 192, 4, 2, torch.bfloat16, seed=3)
     wide = torch.full((2, 300), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     out = wide[:, 20:276]
     ops.moe_experts(x, w13, w2, weights.to(torch.bfloat16), ids.long(), out=out,
-                    config=kernels.LaunchConfig(fused_sum=fused_sum))
+                    config=kernels.LaunchConfig(form=form))
     _check(out, moe_experts_reference(x, w13, w2, weights.to(torch.bfloat16).float(), ids), torch.bfloat16)
     assert torch.isnan(wide[:, :20]).all() and torch.isnan(wide[:, 276:]).all()
+
+
+@FORMS
+def test_expert_parallel_local_experts_only(config):
+    """Under expert parallel vLLM's expert map sends global ids to this rank's experts (-1: held elsewhere).
+    The output is the sum over the local experts only, a token with no local expert gets zeros; the
+    positions of remote experts (several per token) must not leave unwritten partial rows (poisoned)."""
+    M, H, I, E_global, topk = 5, 72, 40, 8, 4
+    x, _, _, ids, weights = _case(M, H, I, E_global, topk, torch.bfloat16, seed=11)
+    local = torch.tensor([1, 4, 6], device=DEVICE)  # this rank's experts, in its weight order
+    gen = torch.Generator().manual_seed(12)
+    w13 = (torch.randn(len(local), 2 * I, H, generator=gen) / H**0.5).to(DEVICE, torch.bfloat16)
+    w2 = (torch.randn(len(local), H, I, generator=gen) / I**0.5).to(DEVICE, torch.bfloat16)
+    expert_map = torch.full((E_global,), -1, dtype=torch.int32, device=DEVICE)
+    expert_map[local] = torch.arange(len(local), dtype=torch.int32, device=DEVICE)
+    ids[0] = torch.tensor([0, 2, 3, 5], dtype=ids.dtype)  # no local expert at all
+    mapped = expert_map[ids.long()]
+    ref = torch.zeros(M, H, device=DEVICE)
+    for m in range(M):
+        keep = mapped[m] >= 0
+        if keep.any():
+            ref[m] = moe_experts_reference(x[m:m + 1], w13, w2, weights[m:m + 1, keep], mapped[m:m + 1, keep])[0]
+    out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=config, expert_map=expert_map)
+    assert (out[0] == 0).all()
+    _check(out, ref, torch.bfloat16)
+
+
+def test_block_i_shrinks_to_fill_the_gpu():
+    cfg = kernels.LaunchConfig(block_i=64, min_programs=300)
+    assert ops.block_i_for(cfg, 8, 768) == 16  # 8 x 48 = 384 >= 300; 8 x 24 = 192 is not
+    assert ops.block_i_for(cfg, 8, 2048) == 32  # 8 x 64 = 512; 8 x 32 = 256 is not
+    assert ops.block_i_for(cfg, 2, 64) == 16  # never below 16
+    assert ops.block_i_for(kernels.LaunchConfig(block_i=64), 1, 64) == 64  # min_programs 0: as given
+
+
+def test_min_programs_gives_the_same_answer():
+    x, w13, w2, ids, weights = _case(1, 80, 96, 6, 2, torch.bfloat16, seed=5)
+    cfg = kernels.LaunchConfig(form="fused", block_i=64, block_h=32, block_n=32, min_programs=12)
+    assert ops.block_i_for(cfg, 2, 96) == 16
+    _check(ops.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
+           torch.bfloat16)
+
+
+def test_unknown_form_is_refused():
+    with pytest.raises(ValueError, match="form"):
+        kernels.LaunchConfig(form="atomic")
 
 
 def test_non_unit_stride_is_refused():

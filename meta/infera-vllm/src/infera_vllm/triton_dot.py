@@ -1,6 +1,7 @@
 """The one Triton helper several op wheels' kernels share (imported by kernels only, never on the plugin's
 import path: it imports triton)."""
 
+import functools
 import os
 
 import triton
@@ -19,3 +20,23 @@ def dot(a, b, acc, FP32_DOT: tl.constexpr):
     if FP32_DOT:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return tl.dot(a, b, acc)
+
+
+def pdl_supported(device) -> bool:
+    """Programmatic dependent launch (``launch_pdl``, ``gdc_wait``/``gdc_launch_dependents``): Hopper or later,
+    a Triton that has it, and not Triton's interpreter. Decided once per device (ops ask on every call)."""
+    return device.type == "cuda" and not fp32_dot() and _pdl_on_cuda_device(device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_on_cuda_device(index) -> bool:
+    import torch
+
+    if torch.cuda.get_device_capability(index)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})

@@ -38,7 +38,7 @@ from infera_vllm.triton_dot import dot as _dot
 
 try:  # programmatic dependent launch (Triton >= 3.4 on CUDA); only traced when USE_PDL is set
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton: USE_PDL stays off (ops.pdl_supported)
+except ImportError:  # pragma: no cover - older Triton: USE_PDL stays off (triton_dot.pdl_supported)
     gdc_launch_dependents = gdc_wait = None
 
 

@@ -7,7 +7,6 @@ builder owns one per device), grid sizes from shapes and the batch size only.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +16,7 @@ from infera_ops.attn_paged import tuning
 from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel
 from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel
 from infera_vllm import triton_dot
+from infera_vllm.triton_dot import pdl_supported
 
 MAX_SPLITS = 64
 
@@ -26,6 +26,7 @@ class LaunchConfig:
     block_n: int = 64  # key positions per tile
     num_warps: int = 4
     num_stages: int = 2
+    reduce_warps: int = 4  # the split reduce kernel's (decode)
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ class SplitPolicy:
     split_keys: int = 128
 
 
-# Launch sizes for a GPU family without a tuning file (tuning.py; sm90 has one, measured): small tiles
-# that compile for every family without spills.
+# Launch sizes for a GPU family without a tuning file (tuning.py; sm90 has one, measured): small tiles that
+# compile without spills on sm90, gfx942, gfx950 and gfx1201 up to D = 128; the RDNA families' tuning files
+# replace what spills there (tests/test_attn_paged_compile.py compiles every family's).
 def launch_config(head_size: int) -> LaunchConfig:
     if head_size <= 64:
         return LaunchConfig(block_n=64, num_warps=4, num_stages=2)
@@ -58,7 +60,7 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     tuned = tuning.decode_settings(head_size, device)
     if tuned is None:
         return launch_config(head_size), SPLIT_POLICY, pdl_supported(device)
-    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages),
+    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps),
             SplitPolicy(tuned.programs_per_sm, tuned.split_keys), tuned.pdl and pdl_supported(device))
 
 
@@ -87,24 +89,6 @@ def slices_per_sequence(seq_lens: torch.Tensor, cap: int, *, window_left: int = 
     policy = policy or SPLIT_POLICY
     span = seq_lens.long() if window_left < 0 else torch.clamp(seq_lens.long(), max=window_left + 1)
     return torch.clamp((span + policy.split_keys - 1) // policy.split_keys, min=1, max=cap)
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch for the reduce kernel: Hopper or later, a Triton that has it, and not
-    Triton's interpreter. Decided once per device (it is asked on every decode call)."""
-    return device.type == "cuda" and not triton_dot.fp32_dot() and _pdl_on_cuda_device(device.index)
-
-
-@functools.lru_cache(maxsize=None)
-def _pdl_on_cuda_device(index) -> bool:
-    if torch.cuda.get_device_capability(index)[0] < 9:
-        return False
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-        from triton.language.extra.cuda import gdc_wait  # noqa: F401
-    except ImportError:
-        return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 class Workspace:
@@ -184,14 +168,21 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
             part_out, part_lse, sinks if sinks is not None else q, seq_lens, out, out.stride(0), out.stride(1),
             splits, int(window_left), int(policy.split_keys),
             D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=triton.next_power_of_2(splits),
-            HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=4, **pdl_kw)
+            HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=cfg.reduce_warps,
+            **pdl_kw)
     return out
 
 
-def prefill_config(head_size: int, group: int) -> tuple[int, LaunchConfig]:
-    """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel. Without spills
-    on sm90 (as launch_config): up to D = 128, 128 rows x 64-key tiles on 8 warps (212 registers; 64 rows on
-    4 warps spilled 844 bytes); at D = 256, 32 rows x 16-key tiles on 4 warps (200-232)."""
+def prefill_config(head_size: int, group: int, device=None) -> tuple[int, LaunchConfig]:
+    """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel: the device's
+    family's tuning file where it has prefill settings for the head size (tuning.py), else the defaults.
+    Those are without spills on sm90 (as launch_config): up to D = 128, 128 rows x 64-key tiles on 8 warps
+    (212 registers; 64 rows on 4 warps spilled 844 bytes); at D = 256, 32 rows x 16-key tiles on 4 warps
+    (200-232)."""
+    tuned = tuning.prefill_settings(head_size, device) if device is not None else None
+    if tuned is not None:
+        return (max(tuned.block_m, triton.next_power_of_2(group)),
+                LaunchConfig(block_n=tuned.block_n, num_warps=tuned.num_warps, num_stages=tuned.num_stages))
     if head_size <= 128:
         return max(128, triton.next_power_of_2(group)), LaunchConfig(block_n=64, num_warps=8, num_stages=2)
     return max(32, triton.next_power_of_2(group)), LaunchConfig(block_n=16, num_warps=4, num_stages=2)
@@ -215,7 +206,7 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     if T == 0 or R == 0:
         return out
     G = Hq // Hkv
-    default_m, default_cfg = prefill_config(D, G)
+    default_m, default_cfg = prefill_config(D, G, q.device)
     bm, cfg = block_m or default_m, config or default_cfg
     bq = bm // G
     _paged_prefill_kernel[(T // bq + R, Hkv)](

@@ -41,13 +41,13 @@ def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, keep_
             kw1, kw2 = getattr(self, "_infera_weights", (w1, w2))
             reason = guard.decline_reason(hidden_states, kw1, kw2, topk_ids, activation, expert_map,
                                           apply_router_weight_on_input, a1q_scale, getattr(self, "w1_bias", None),
-                                          getattr(self, "w2_bias", None), tuning.max_tokens)
+                                          getattr(self, "w2_bias", None), tuning.serves)
             capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
             count(reason, hidden_states.shape[0], "plan" if capturing else "call")
             if reason is not None:
                 return super().apply(*args)
             ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
-                            config=tuning.config_for(hidden_states.shape[0]))
+                            config=tuning.config_for(hidden_states.shape[0]), expert_map=expert_map)
             return None
 
     return InferaDecodeExperts

@@ -9,27 +9,45 @@ with ``W13: [E, 2I, H]`` and ``W2: [E, H, I]`` as vLLM stores them. At decode th
 selected experts' weights (3·I·H elements each); the arithmetic is a GEMV. Several tokens may pick
 the same expert, so the work is grouped by expert, not by (token, slot): program j (one per flat position
 j = m·TOPK + k) reads every position's expert id; the program at the first position of its expert loads
-that expert's weight tile once and applies it to every token that chose the expert (at most M, one row each
-of a BLOCK_M tile, so the product is a ``tl.dot``); programs at later positions of the same expert exit at
-once. No sort on the host side: the grouping is a BLOCK_MK-wide comparison inside each program (MK =
-M·TOPK <= a few hundred at decode). Accumulation in fp32.
+that expert's weight tiles once and applies them to every token that chose the expert (at most M, one row
+each of a BLOCK_M tile, so the product is a ``tl.dot``); programs at later positions of the same expert exit
+at once. No sort or align pass: the grouping is a BLOCK_MK-wide comparison inside each program (MK = M·TOPK
+<= a few hundred at decode). Accumulation in fp32; the activation ``a`` is rounded to the weights' dtype
+before the down projection, as vLLM's intermediate cache is.
 
-The down projection and the top-k sum come in two forms (``LaunchConfig.fused_sum``), both deterministic
-(no atomics: the result does not depend on which program finishes first):
+An expert id below zero (an expert another rank holds under expert parallel, after vLLM's expert map)
+contributes nothing: the program at that position writes its own partial row as zeros (a token may have
+several such slots, so they are not grouped).
 
-- expert-grouped (``_moe_down_kernel``, grid = positions x column blocks, like gate/up) writing each
-  (token, slot) row in fp32, then a small kernel summing each token's TOPK rows in slot order
-  (``_topk_sum_kernel``; M·TOPK·H·4 bytes, < 1% of the weight traffic at decode sizes);
-- column-major (``_moe_down_sum_kernel``, grid = column blocks only): each program walks the distinct experts
-  in order of first position and keeps every token's sum in registers, so the output is written once, in
-  its dtype, with one launch fewer (a launch is ~2-3 us of a ~25 us step at M = 1), at the price of fewer,
-  longer programs.
+Two forms, both deterministic (no atomics: the result does not depend on which program finishes first):
+
+- fused (``_moe_fused_kernel``, grid = positions x I-blocks): each program computes one I-block of ``a``
+  (reading 2·BLOCK_I rows of W13) and at once its share of the down projection, ``r · W2[e][:, block] @ a``
+  over all of H (reading the BLOCK_I columns of W2), into an fp32 partial ``[MK, I/BLOCK_I, H]``; then
+  ``_row_sum_kernel`` adds each token's TOPK·I/BLOCK_I partial rows. One weight pass, two launches, and as
+  many programs as the gate/up pass alone; the partials (MK·(I/BLOCK_I)·H·4 bytes) stay in L2 at small M.
+- split (``_moe_gate_up_kernel`` writing ``a`` ``[MK, I]``, ``_moe_down_kernel`` writing
+  ``r · W2[e] @ a`` per position ``[MK, H]`` fp32, ``_row_sum_kernel`` adding each token's TOPK rows): three
+  launches, a small fp32 buffer; the better one once many tokens make the partials large.
+
+In the split form each kernel has a fixed cost (its first loads, its last programs finishing alone) of
+several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
+against 11.5 us of traffic at its read bandwidth, 9.5 us for the down kernel against 5.7. With ``USE_PDL``
+each kernel after the first is a programmatic dependent of the one before (it launches while that one
+drains and waits for its writes), and with ``PREFETCH_DOWN`` each gate/up program, once its own tiles are done, asks L2 to fetch its share of the same expert's W2
+(``prefetch.global.L2``), so the DRAM stays busy through the gate/up kernel's tail and the down kernel
+reads from L2. Only worth it while the W2 of the experts in play fits in L2 beside the gate/up stream.
 """
 
 import triton
 import triton.language as tl
 
 from infera_vllm.triton_dot import dot as _dot
+
+try:  # programmatic dependent launch (Triton >= 3.4 on CUDA); only traced when USE_PDL is set
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: USE_PDL stays off (triton_dot.pdl_supported)
+    gdc_launch_dependents = gdc_wait = None
 
 
 @triton.jit
@@ -42,7 +60,7 @@ def _expert_rows(topk_ids_ptr, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.constexpr
     j = tl.program_id(0)
     e = tl.load(topk_ids_ptr + j)
     idx = tl.arange(0, BLOCK_MK)
-    same = tl.load(topk_ids_ptr + idx, mask=idx < MK, other=-1) == e
+    same = tl.load(topk_ids_ptr + idx, mask=idx < MK, other=-(2**30)) == e
     first = tl.sum((same & (idx < j)).to(tl.int32), axis=0) == 0
     rank = tl.cumsum(same.to(tl.int32), axis=0) - 1
     sel = same[None, :] & (rank[None, :] == tl.arange(0, BLOCK_M)[:, None])  # [BLOCK_M, BLOCK_MK]
@@ -52,45 +70,128 @@ def _expert_rows(topk_ids_ptr, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _moe_gate_up_kernel(
+def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols, col_ok, H, I,
+                  BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, FP32_DOT: tl.constexpr):
+    """silu(x W_gate^T) * (x W_up^T) for the token rows ``tok`` (masked by ``mine``) and the I-columns
+    ``cols`` of one expert (``w13_ptr`` at that expert): [BLOCK_M, BLOCK_I] fp32, 0 where masked."""
+    w_gate = w13_ptr + cols[None, :].to(tl.int64) * w13_row_stride
+    w_up = w_gate + I * w13_row_stride
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H)
+        h_ok = h < H
+        xt = tl.load(x_ptr + tok[:, None] * x_row_stride + h[None, :], mask=mine[:, None] & h_ok[None, :], other=0.0)
+        w_mask = h_ok[:, None] & col_ok[None, :]
+        acc_gate = _dot(xt, tl.load(w_gate + h[:, None], mask=w_mask, other=0.0), acc_gate, FP32_DOT)
+        acc_up = _dot(xt, tl.load(w_up + h[:, None], mask=w_mask, other=0.0), acc_up, FP32_DOT)
+    return acc_gate * tl.sigmoid(acc_gate) * acc_up
+
+
+@triton.jit
+def _moe_fused_kernel(
     x_ptr,  # [M, H]
     x_row_stride,
     w13_ptr,  # [E, 2I, H], unit stride along H
     w13_expert_stride,
     w13_row_stride,
+    w2_ptr,  # [E, H, I], unit stride along I
+    w2_expert_stride,
+    w2_row_stride,
     topk_ids_ptr,  # [MK] expert id of each flat position m * TOPK + k (contiguous [M, TOPK], any int dtype)
-    act_ptr,  # [MK, I] out: silu(gate) * up, in x's dtype
-    act_row_stride,
+    topk_weights_ptr,  # [MK] router weights, flat like topk_ids (any float dtype, read as fp32)
+    part_ptr,  # [MK, NUM_I_BLOCKS, H] fp32 out: r_mk * W2[e_mk][:, block] @ a_mk[block], contiguous
     MK,
     H,
     I,
     TOPK,
     BLOCK_MK: tl.constexpr,  # next power of two >= MK: the width of the grouping comparison
     BLOCK_M: tl.constexpr,  # >= the most tokens one expert can have (M), >= 16 for tl.dot
-    BLOCK_I: tl.constexpr,  # output columns (of I) per program
-    BLOCK_H: tl.constexpr,  # reduction chunk along H
+    BLOCK_I: tl.constexpr,  # columns of I per program (the gate/up output block = the down reduction block)
+    BLOCK_H: tl.constexpr,  # gate/up reduction chunk along H
+    BLOCK_N: tl.constexpr,  # down output chunk along H
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
+    USE_PDL: tl.constexpr,  # let the sum kernel launch early (programmatic dependent launch)
 ):
     pid_i = tl.program_id(1)
+    n_blocks = tl.num_programs(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
-    if first:
+    if e < 0:  # an expert held elsewhere: this position's partial row is zero
+        own_row = part_ptr + (tl.program_id(0).to(tl.int64) * n_blocks + pid_i) * H
+        for n0 in range(0, H, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            tl.store(own_row + n, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=n < H)
+    elif first:
         tok = pos // TOPK
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
-        w_gate = w13_ptr + e.to(tl.int64) * w13_expert_stride + cols[None, :].to(tl.int64) * w13_row_stride
-        w_up = w_gate + I * w13_row_stride
-        acc_gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            h = h0 + tl.arange(0, BLOCK_H)
-            h_ok = h < H
-            xt = tl.load(x_ptr + tok[:, None] * x_row_stride + h[None, :], mask=mine[:, None] & h_ok[None, :], other=0.0)
-            w_mask = h_ok[:, None] & col_ok[None, :]
-            acc_gate = _dot(xt, tl.load(w_gate + h[:, None], mask=w_mask, other=0.0), acc_gate, FP32_DOT)
-            acc_up = _dot(xt, tl.load(w_up + h[:, None], mask=w_mask, other=0.0), acc_up, FP32_DOT)
-        act = acc_gate * tl.sigmoid(acc_gate) * acc_up
+        act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
+                            tok, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT)
+        act = act.to(w2_ptr.dtype.element_ty)
+        r = tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)
+        part_rows = part_ptr + (pos[:, None] * n_blocks + pid_i) * H
+        w = w2_ptr + e.to(tl.int64) * w2_expert_stride + cols[:, None]  # [BLOCK_I, 1]: I runs down the tile
+        for n0 in range(0, H, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < H
+            wt = tl.load(w + n[None, :].to(tl.int64) * w2_row_stride, mask=col_ok[:, None] & n_ok[None, :], other=0.0)
+            y = _dot(act, wt, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), FP32_DOT)
+            tl.store(part_rows + n[None, :], y * r[:, None], mask=mine[:, None] & n_ok[None, :])
+    if USE_PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _prefetch_l2(ptrs, mask):
+    """``prefetch.global.L2`` of each address where ``mask``: a hint, no value (the int32 result is unused)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x_ptr,  # [M, H]
+    x_row_stride,
+    w13_ptr,  # [E, 2I, H], unit stride along H
+    w13_expert_stride,
+    w13_row_stride,
+    topk_ids_ptr,  # [MK] as in _moe_fused_kernel
+    act_ptr,  # [MK, I] out: silu(gate) * up, in x's dtype
+    act_row_stride,
+    MK,
+    H,
+    I,
+    TOPK,
+    w2_ptr,  # [E, H, I] contiguous: prefetched into L2 when PREFETCH_DOWN
+    BLOCK_MK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_I: tl.constexpr,  # output columns (of I) per program
+    BLOCK_H: tl.constexpr,  # reduction chunk along H
+    FP32_DOT: tl.constexpr,
+    PREFETCH_DOWN: tl.constexpr,  # after its tiles, prefetch 1/num_programs(1) of W2[e] into L2 (CUDA only)
+    PREFETCH_BLOCK: tl.constexpr,  # addresses per prefetch step, one per 128-byte line
+    USE_PDL: tl.constexpr,  # let the down kernel launch early (programmatic dependent launch)
+):
+    pid_i = tl.program_id(1)
+    e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
+    if first and e >= 0:  # an expert held elsewhere has no activation: the down kernel writes its row as zero
+        cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
+        col_ok = cols < I
+        act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
+                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT)
         tl.store(act_ptr + pos[:, None] * act_row_stride + cols[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=mine[:, None] & col_ok[None, :])
+        if PREFETCH_DOWN:
+            line = 128 // w2_ptr.dtype.element_ty.primitive_bitwidth * 8  # elements per 128-byte line
+            share = tl.cdiv(tl.cdiv(H * I, line), tl.num_programs(1)) * line
+            start = pid_i.to(tl.int64) * share
+            base = w2_ptr + e.to(tl.int64) * H * I
+            for off in range(0, share, PREFETCH_BLOCK * line):
+                idx = start + off + tl.arange(0, PREFETCH_BLOCK).to(tl.int64) * line
+                _prefetch_l2(base + idx, (idx < H * I) & (idx < start + share))
+    if USE_PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -102,8 +203,7 @@ def _moe_down_kernel(
     w2_row_stride,
     topk_ids_ptr,
     topk_weights_ptr,  # [MK] router weights, flat like topk_ids (any float dtype, read as fp32)
-    y_ptr,  # [MK, H] fp32 out: r_mk * (W2[e_mk] @ a_mk)
-    y_row_stride,
+    y_ptr,  # [MK, H] fp32 out: r_mk * (W2[e_mk] @ a_mk), contiguous
     MK,
     H,
     I,
@@ -111,104 +211,80 @@ def _moe_down_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # output columns (of H) per program
     BLOCK_K: tl.constexpr,  # reduction chunk along I
-    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
+    FP32_DOT: tl.constexpr,
+    USE_PDL: tl.constexpr,  # a programmatic dependent of the gate/up kernel, and lets the sum launch early
 ):
+    if USE_PDL:
+        gdc_wait()
     pid_n = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
-    if first:
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < H
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < H
+    if e < 0:  # an expert held elsewhere: this position's row is zero
+        tl.store(y_ptr + tl.program_id(0).to(tl.int64) * H + cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=col_ok)
+    elif first:
         w = w2_ptr + e.to(tl.int64) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < I
-            at = tl.load(act_ptr + pos[:, None] * act_row_stride + k[None, :], mask=mine[:, None] & k_ok[None, :], other=0.0)
+            at = tl.load(act_ptr + pos[:, None] * act_row_stride + k[None, :], mask=mine[:, None] & k_ok[None, :],
+                         other=0.0)
             acc = _dot(at, tl.load(w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc, FP32_DOT)
-        r = tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)
-        tl.store(y_ptr + pos[:, None] * y_row_stride + cols[None, :], acc * r[:, None], mask=mine[:, None] & col_ok[None, :])
+        acc *= tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + pos[:, None] * H + cols[None, :], acc, mask=mine[:, None] & col_ok[None, :])
+    if USE_PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit
-def _moe_down_sum_kernel(
-    act_ptr,  # [MK, I] from the gate/up kernel
-    act_row_stride,
-    w2_ptr,  # [E, H, I], unit stride along I
-    w2_expert_stride,
-    w2_row_stride,
-    topk_ids_ptr,  # [M, TOPK] contiguous
-    topk_weights_ptr,  # [M, TOPK] contiguous, read as fp32
-    out_ptr,  # [M, H] out: sum_k r_mk * (W2[e_mk] @ a_mk), in the output dtype
-    out_row_stride,
-    M,
-    H,
-    I,
-    TOPK,
-    BLOCK_M: tl.constexpr,  # >= M, >= 16 for tl.dot
-    BLOCK_TOPK: tl.constexpr,  # >= TOPK (power of two)
-    BLOCK_N: tl.constexpr,  # output columns (of H) per program
-    BLOCK_K: tl.constexpr,  # reduction chunk along I
-    FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
-):
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < H
-    tok = tl.arange(0, BLOCK_M)
-    slot = tl.arange(0, BLOCK_TOPK)
-    flat = tok[:, None] * TOPK + slot[None, :]  # [BLOCK_M, BLOCK_TOPK] flat positions
-    valid = (tok < M)[:, None] & (slot < TOPK)[None, :]
-    ids = tl.load(topk_ids_ptr + flat, mask=valid, other=-1)
-    router = tl.load(topk_weights_ptr + flat, mask=valid, other=0.0).to(tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j in range(0, M * TOPK):  # experts in order of their first flat position
-        e = tl.load(topk_ids_ptr + j)
-        same = ids == e
-        if tl.sum((same & (flat < j)).to(tl.int32)) == 0:
-            # the tokens that chose e (top-k experts are distinct per token: at most one slot each)
-            chose = tl.sum(same.to(tl.int32), axis=1) > 0
-            pos = tl.sum(tl.where(same, flat, 0), axis=1).to(tl.int64)
-            r = tl.sum(tl.where(same, router, 0.0), axis=1)
-            w = w2_ptr + e.to(tl.int64) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
-            part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, I, BLOCK_K):
-                k = k0 + tl.arange(0, BLOCK_K)
-                k_ok = k < I
-                at = tl.load(act_ptr + pos[:, None] * act_row_stride + k[None, :], mask=chose[:, None] & k_ok[None, :],
-                             other=0.0)
-                part = _dot(at, tl.load(w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), part, FP32_DOT)
-            acc += part * r[:, None]
-    tl.store(out_ptr + tok[:, None].to(tl.int64) * out_row_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(tok < M)[:, None] & col_ok[None, :])
-
-
-@triton.jit
-def _topk_sum_kernel(
-    y_ptr,  # [M * TOPK, H] fp32 from the down kernel, contiguous
-    out_ptr,  # [M, H] out: sum over the TOPK rows of each token, in the output dtype
+def _row_sum_kernel(
+    rows_ptr,  # [M, R, H] fp32, contiguous: R partial rows per token
+    out_ptr,  # [M, H] out: the sum over each token's R rows, in the output dtype
     out_row_stride,
     H,
-    TOPK,
-    BLOCK_H: tl.constexpr,
+    R,
+    BLOCK_R: tl.constexpr,  # rows added per step (a fixed tree order: the same sum every run)
+    BLOCK_N: tl.constexpr,  # output columns per program
+    USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the producer's writes
 ):
-    m = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    if USE_PDL:
+        gdc_wait()
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < H
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for k in range(TOPK):  # slot order: the same sum every run
-        acc += tl.load(y_ptr + (m * TOPK + k).to(tl.int64) * H + cols, mask=ok, other=0.0)
-    tl.store(out_ptr + m.to(tl.int64) * out_row_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    base = rows_ptr + m * R * H
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        acc += tl.sum(tl.load(base + r[:, None] * H + cols[None, :], mask=(r < R)[:, None] & ok[None, :], other=0.0),
+                      axis=0)
+    tl.store(out_ptr + m * out_row_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+FORMS = ("split", "fused")
 
 
 class LaunchConfig:
-    """Block sizes and pipelining (defaults; the per-GPU-family tuning file overrides them, see tuning.py).
-    ``num_warps`` and ``num_stages`` apply to both GEMV kernels: at decode they stream weights, so the depth
-    of the load pipeline (stages) matters more than the arithmetic layout. ``fused_sum``: the column-major
-    down kernel with the top-k sum inside (module docstring)."""
+    """Form, block sizes and pipelining (defaults; the per-GPU-family tuning file overrides them, see
+    tuning.py). ``form`` (module docstring): ``split`` (``block_i``/``block_h`` gate/up, ``block_n``/``block_k``
+    down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``). ``num_warps`` and ``num_stages`` apply
+    to the weight-streaming kernels: at decode the depth of the load pipeline matters more than the arithmetic layout.
+    ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
+    give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``
+    as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.
+    ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2."""
 
-    __slots__ = ("block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "fused_sum")
+    __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
+                 "pdl", "prefetch_down")
 
-    def __init__(self, block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3, fused_sum=False):
-        self.block_i, self.block_h, self.block_n, self.block_k = block_i, block_h, block_n, block_k
-        self.num_warps, self.num_stages, self.fused_sum = num_warps, num_stages, bool(fused_sum)
+    def __init__(self, form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
+                 min_programs=0, pdl=False, prefetch_down=False):
+        if form not in FORMS:
+            raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
+        self.form, self.block_i, self.block_h, self.block_n, self.block_k = form, block_i, block_h, block_n, block_k
+        self.num_warps, self.num_stages = num_warps, num_stages
+        self.min_programs, self.pdl, self.prefetch_down = int(min_programs), bool(pdl), bool(prefetch_down)
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

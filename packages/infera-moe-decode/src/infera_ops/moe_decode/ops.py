@@ -1,4 +1,5 @@
-"""Launcher of the decode experts kernels: gate/up (grouped by expert inside the kernel), down, top-k sum.
+"""Launcher of the decode experts kernels (kernels.py) in the form the config names: split (gate/up, down,
+row sum) or fused (one weight pass, row sum).
 
 Capture-safe: no host synchronisation, buffers allocated on the current stream (vLLM's graph pool when
 captured), grid sizes from shapes only.
@@ -7,19 +8,32 @@ captured), grid sizes from shapes only.
 import torch
 import triton
 
-from infera_ops.moe_decode.kernels import (LaunchConfig, _moe_down_kernel, _moe_down_sum_kernel, _moe_gate_up_kernel,
-                                           _topk_sum_kernel, block_m, block_mk)
+from infera_ops.moe_decode.kernels import (LaunchConfig, _moe_down_kernel, _moe_fused_kernel, _moe_gate_up_kernel,
+                                           _row_sum_kernel, block_m, block_mk)
 from infera_vllm import triton_dot
 
-SUM_BLOCK_H = 256  # the top-k sum reads M·TOPK·H fp32: a few programs per token, any size works
+SUM_BLOCK_N = 32  # the row sum reads M·R·H fp32 from L2: many small programs, few steps each
+SUM_BLOCK_R = 64
+MIN_BLOCK_I = 16
+PREFETCH_BLOCK = 512  # 128-byte lines asked for per prefetch step (4 per thread at 4 warps)
+
+
+def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
+    """``cfg.block_i``, halved (not below 16) while ``experts_in_play`` x I-blocks < ``cfg.min_programs``."""
+    block = cfg.block_i
+    while block > MIN_BLOCK_I and experts_in_play * triton.cdiv(inter, block) < cfg.min_programs:
+        block //= 2
+    return block
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, out: torch.Tensor | None = None,
-                config: LaunchConfig | None = None) -> torch.Tensor:
+                topk_ids: torch.Tensor, out: torch.Tensor | None = None, config: LaunchConfig | None = None,
+                expert_map: torch.Tensor | None = None) -> torch.Tensor:
     """``out[M, H] = sum_k topk_weights[:, k] * W2[e] @ silu_and_mul(W13[e] @ x)`` (see kernels.py).
 
     x ``[M, H]``; w13 ``[E, 2I, H]``; w2 ``[E, H, I]`` (unit stride on their last dims); topk_* ``[M, TOPK]``.
+    ``expert_map`` (expert parallel, vLLM's): global expert id -> index into this rank's w13/w2, -1 for an
+    expert held elsewhere, which then contributes nothing.
     """
     cfg = config or LaunchConfig()
     M, H = x.shape
@@ -33,25 +47,36 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         out = torch.empty(M, H, dtype=x.dtype, device=x.device)
     if M == 0:
         return out
-    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+    ids = topk_ids if expert_map is None else expert_map[topk_ids.long()]
+    ids = ids if ids.is_contiguous() else ids.contiguous()
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
-    act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
     bm, bmk = block_m(M), block_mk(mk)
     fp32_dot = triton_dot.fp32_dot()
-    _moe_gate_up_kernel[(mk, triton.cdiv(inter, cfg.block_i))](
-        x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
-        mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.fused_sum:
-        _moe_down_sum_kernel[(triton.cdiv(H, cfg.block_n),)](
-            act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), M, H, inter, topk,
-            BLOCK_M=bm, BLOCK_TOPK=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            FP32_DOT=fp32_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        return out
-    y = torch.empty(mk, H, dtype=torch.float32, device=x.device)
-    _moe_down_kernel[(mk, triton.cdiv(H, cfg.block_n))](
-        act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, y, y.stride(0),
-        mk, H, inter, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _topk_sum_kernel[(M, triton.cdiv(H, SUM_BLOCK_H))](y, out, out.stride(0), H, topk, BLOCK_H=SUM_BLOCK_H)
+    use_pdl = cfg.pdl and triton_dot.pdl_supported(x.device)
+    pdl_kw = {"launch_pdl": True} if use_pdl else {}
+    blk_i = block_i_for(cfg, min(mk, E), inter)
+    if cfg.form == "fused":
+        n_blocks = triton.cdiv(inter, blk_i)
+        rows = torch.empty(mk, n_blocks, H, dtype=torch.float32, device=x.device)
+        _moe_fused_kernel[(mk, n_blocks)](
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), w2, w2.stride(0), w2.stride(1), ids, weights, rows,
+            mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            FP32_DOT=fp32_dot, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        per_token = topk * n_blocks
+    else:
+        act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
+        prefetch = cfg.prefetch_down and x.device.type == "cuda" and not fp32_dot and w2.is_contiguous()
+        _moe_gate_up_kernel[(mk, triton.cdiv(inter, blk_i))](
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
+            mk, H, inter, topk, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
+            PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
+        rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
+        _moe_down_kernel[(mk, triton.cdiv(H, cfg.block_n))](
+            act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, rows,
+            mk, H, inter, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
+            USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
+        per_token = topk
+    _row_sum_kernel[(M, triton.cdiv(H, SUM_BLOCK_N))](
+        rows, out, out.stride(0), H, per_token, BLOCK_R=SUM_BLOCK_R, BLOCK_N=SUM_BLOCK_N, USE_PDL=use_pdl, **pdl_kw)
     return out

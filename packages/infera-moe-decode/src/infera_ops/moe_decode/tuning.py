@@ -1,11 +1,20 @@
-"""Per-GPU-family tunables of the decode experts: the largest token count the kernel serves and its
-block sizes. One JSON file per family in ``tuning/`` (written by ``benchmarks/tune_moe_decode.py`` on that
-GPU); ``INFERA_MOE_DECODE_TUNING=path.json`` replaces it, ``INFERA_MOE_DECODE_MAX_TOKENS=N`` overrides the
-threshold. A family without a file is not tuned: the op declines at startup unless the threshold is given.
+"""Per-GPU-family tunables of the decode experts: which token counts the kernel serves (per expert shape)
+and its blocks. One JSON file per family in ``tuning/`` (written by ``benchmarks/tune_moe_decode.py`` on that
+GPU); ``INFERA_MOE_DECODE_TUNING=path.json`` replaces it, ``INFERA_MOE_DECODE_MAX_TOKENS=N`` serves every
+call of up to N tokens whatever the file says. A family without a file is not tuned: the op declines at
+startup unless the threshold is given.
 
-File format: ``{"max_tokens": N, "config": {...LaunchConfig...}, "by_tokens": {"2": {...}, "8": {...}}}``;
-``by_tokens`` (optional) maps an upper token bound to the blocks used up to it (the smallest bound >= M
-wins), ``config`` serves the rest.
+File format::
+
+    {"max_tokens": N,                                   # served up to N tokens for shapes not in "served"
+     "served": {"E128-H2048-I768-K8": [1, 2, 4, 8, 16]}, # measured token bounds the kernel won at, per shape
+     "config": {...LaunchConfig...}, "by_tokens": {"2": {...}, "8": {...}}}
+
+A shape in ``served`` (experts E, hidden H, intermediate I, top-k K) takes a call of M tokens when the
+smallest measured bound >= M is listed (the measured bounds: ``"measured"``, default 1, 2, 4, 8, 16); M
+above every measured bound is handed over. ``by_tokens`` (optional)
+maps an upper token bound to the blocks used up to it (the smallest bound >= M wins), ``config`` serves the
+rest.
 """
 
 import json
@@ -29,12 +38,33 @@ def _switch(name: str):
         raise TuningError(str(exc)) from exc
 
 
+MEASURED = (1, 2, 4, 8, 16)
+
+
+def shape_key(experts: int, hidden: int, inter: int, topk: int) -> str:
+    return f"E{experts}-H{hidden}-I{inter}-K{topk}"
+
+
 @dataclass
 class Tuning:
     max_tokens: int
     config: LaunchConfig = field(default_factory=LaunchConfig)
     source: str = "defaults"
     by_tokens: tuple = ()  # ((upper token bound, LaunchConfig), ...) ascending
+    served: dict = field(default_factory=dict)  # shape_key -> frozenset of served bounds
+    measured: tuple = MEASURED
+
+    @property
+    def largest_served(self) -> int:
+        """The most tokens any shape is served at (the op's startup note)."""
+        return max([self.max_tokens, *(max(b, default=0) for b in self.served.values())])
+
+    def serves(self, tokens: int, experts: int, hidden: int, inter: int, topk: int) -> bool:
+        bounds = self.served.get(shape_key(experts, hidden, inter, topk))
+        if bounds is None:
+            return tokens <= self.max_tokens
+        bound = next((b for b in self.measured if b >= tokens), None)
+        return bound is not None and bound in bounds
 
     def config_for(self, tokens: int) -> LaunchConfig:
         for bound, config in self.by_tokens:
@@ -76,5 +106,11 @@ def load(family: str) -> Tuning | None:
         by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in doc.get("by_tokens", {}).items()))
     except (TypeError, ValueError, AttributeError) as exc:
         raise TuningError(f"{source}: bad 'config' or 'by_tokens' ({exc})") from exc
+    try:
+        measured = tuple(sorted(int(b) for b in doc.get("measured", MEASURED)))
+        served = {} if threshold is not None else {str(key): frozenset(int(b) for b in bounds)
+                                 for key, bounds in doc.get("served", {}).items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise TuningError(f"{source}: bad 'served' or 'measured' ({exc})") from exc
     max_tokens = threshold if threshold is not None else doc["max_tokens"]
-    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens)
+    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens, served, measured)
