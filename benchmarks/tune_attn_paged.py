@@ -126,6 +126,11 @@ def main() -> int:
     tuned = {"decode": table, "measured": {"by": "benchmarks/tune_attn_paged.py", "gpu": machine.get("gpu"),
                                            "commit": machine.get("commit"), "objective": "geometric-mean us over "
                                            "bench_attn_paged.ROWS, cold L2, CUDA-graph replays"}}
+    # this tunes decode only: the family's packaged prefill launch sizes (chosen to compile without spills) stay
+    packaged = os.path.join(os.path.dirname(tuning.__file__), "tuning", f"{family}.json")
+    if os.path.exists(packaged):
+        with open(packaged) as f:
+            tuned.update({k: v for k, v in json.load(f).items() if k == "prefill"})
     path = os.path.join(out_dir, f"attn_paged_{family}.json")
     os.makedirs(out_dir, exist_ok=True)
     with open(path, "w") as f:

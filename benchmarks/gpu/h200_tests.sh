@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu/h200_tests.sh            (carry dist/, built by `nox -s wheels`)
 set -uo pipefail
 source "$(dirname "$0")/_env.sh" || exit 1
-export INFERA_GPU_FAMILY=sm90
+export INFERA_GPU_FAMILY=sm90 INFERA_AOT_FAMILY=sm90  # the compile tests: this GPU's family, with its Triton
 # the decode tuning an earlier h200_attn_paged.sh call on this machine wrote, if any: the tests run what serves
 [[ -f /tmp/attn_paged_tuning.json ]] && export INFERA_ATTN_PAGED_TUNING=/tmp/attn_paged_tuning.json
 

@@ -127,3 +127,48 @@ def test_tuning_file_by_head_size(tmp_path, monkeypatch):
     with pytest.raises(tuning.TuningError, match="INFERA_ATTN_PAGED_TUNING"):
         tuning.load("sm90")
     tuning._table.cache_clear()
+
+
+def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from infera_ops.attn_paged import ops, tuning
+
+    decode = dict(block_n=32, num_warps=8, num_stages=1, programs_per_sm=16, split_keys=128, pdl=False)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"decode": {"128": dict(decode, reduce_warps=8)},
+                                "prefill": {"64": dict(block_m=128, block_n=64, num_warps=8, num_stages=1),
+                                            "128": dict(block_m=16, block_n=32, num_warps=16, num_stages=1)}}))
+    monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(path))
+    tuning._table.cache_clear()
+    try:
+        assert ops.decode_defaults(128, "cpu")[0] == ops.LaunchConfig(32, 8, 1, reduce_warps=8)
+        assert tuning.prefill_settings(80, "cpu") == tuning.PrefillSettings(16, 32, 16, 1)  # 80 takes 128's
+        assert tuning.prefill_settings(256, "cpu") is None
+        # BLOCK_M is at least the group's power of two; a head size the file leaves out takes the defaults
+        assert ops.prefill_config(128, 4, "cpu") == (16, ops.LaunchConfig(block_n=32, num_warps=16, num_stages=1))
+        assert ops.prefill_config(128, 32, "cpu")[0] == 32
+        assert ops.prefill_config(256, 2, "cpu") == ops.prefill_config(256, 2)
+        path.write_text(json.dumps({"decode": {}, "prefill": {"64": {"block_m": 16}}}))
+        tuning._table.cache_clear()
+        with pytest.raises(tuning.TuningError, match="bad prefill section"):
+            tuning.load("sm90")
+    finally:
+        tuning._table.cache_clear()
+
+
+def test_packaged_tuning_files_parse():
+    from importlib import resources
+
+    from infera_ops.attn_paged import tuning
+
+    files = [f.name for f in resources.files("infera_ops.attn_paged").joinpath("tuning").iterdir()
+             if f.name.endswith(".json")]
+    assert {"sm90.json", "gfx942.json", "gfx1100.json", "gfx1151.json", "gfx1201.json"} <= set(files)
+    for name in files:
+        decode, prefill = tuning._parse(resources.files("infera_ops.attn_paged").joinpath("tuning", name).read_text(),
+                                        name)
+        assert all(s.num_warps in (4, 8, 16) and s.reduce_warps in (4, 8) for s in decode.values()), name
+        assert all(s.block_m >= 16 and s.block_n >= 16 for s in prefill.values()), name

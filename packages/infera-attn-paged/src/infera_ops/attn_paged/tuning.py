@@ -1,12 +1,16 @@
-"""Per-GPU-family launch settings of the decode kernel, by head size: tile, warps, stages, split policy and
-programmatic dependent launch. One JSON file per family in ``tuning/`` (written by
-``benchmarks/tune_attn_paged.py`` on that GPU); ``INFERA_ATTN_PAGED_TUNING=path.json`` replaces it. A family
-without a file uses ops.py's defaults (which compile without spills on sm90).
+"""Per-GPU-family launch settings of the decode and prefill kernels, by head size: tile, warps, stages, split
+policy and programmatic dependent launch. One JSON file per family in ``tuning/``: measured on that GPU by
+``benchmarks/tune_attn_paged.py`` (sm90), or, for a family no one has measured, the launch sizes that
+compile there without spilling (tests/test_attn_paged_compile.py checks every family's);
+``INFERA_ATTN_PAGED_TUNING=path.json`` replaces it. A family without a file, or a head size its file does not
+cover, uses ops.py's defaults.
 
-File format: ``{"decode": {"64": {...}, "128": {...}}, "measured": {...}}`` where each entry holds
-``block_n``, ``num_warps``, ``num_stages`` (ops.LaunchConfig), ``programs_per_sm``, ``split_keys``
-(ops.SplitPolicy) and ``pdl``; a head size takes the entry of the smallest listed size >= it (80 and 96 take
-128's), else the largest.
+File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measured": {...}}`` where each
+decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (ops.LaunchConfig),
+``programs_per_sm``, ``split_keys`` (ops.SplitPolicy) and ``pdl``, and each prefill entry (optional section)
+``block_m`` (the fewest rows; at least the query heads per KV head), ``block_n``, ``num_warps``,
+``num_stages``; a head size takes the entry of the smallest listed size >= it (80 and 96 take 128's), none
+above the largest.
 """
 
 from __future__ import annotations
@@ -32,6 +36,15 @@ class DecodeSettings:
     programs_per_sm: int
     split_keys: int
     pdl: bool = True
+    reduce_warps: int = 4
+
+
+@dataclass(frozen=True)
+class PrefillSettings:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
 def family_of(device) -> str:
@@ -50,36 +63,52 @@ def _cuda_family(index) -> str:
     return f"sm{major}{minor}"
 
 
-def _parse(text: str, source: str) -> dict[int, DecodeSettings]:
+def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings]]:
     try:
         doc = json.loads(text)
         entries = doc["decode"]
-        return {int(size): DecodeSettings(**{k: v for k, v in entry.items() if k != "measured"})
-                for size, entry in entries.items()}
+        decode = {int(size): DecodeSettings(**{k: v for k, v in entry.items() if k != "measured"})
+                  for size, entry in entries.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TuningError(f"{source}: not a decode tuning file ({exc})") from exc
+    try:
+        prefill = {int(size): PrefillSettings(**entry) for size, entry in doc.get("prefill", {}).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise TuningError(f"{source}: bad prefill section ({exc})") from exc
+    return decode, prefill
 
 
 @functools.lru_cache(maxsize=None)
-def _table(family: str, override: str) -> dict[int, DecodeSettings]:
-    """Cached per (family, switch value): the hot path reads the file once."""
+def _table(family: str, override: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings]]:
+    """(decode, prefill) settings by head size, cached per (family, switch value): the hot path reads the
+    file once."""
     try:
         found = tuning_files.read("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING", override)
     except tuning_files.TuningFileError as exc:
         raise TuningError(str(exc)) from exc
-    return _parse(*found) if found else {}
+    return _parse(*found) if found else ({}, {})
 
 
 def load(family: str) -> dict[int, DecodeSettings]:
-    """The family's table by head size (empty: not tuned); TuningError for a file that cannot be used, which
-    the op's activation turns into a decline before any call is served."""
+    """The family's decode table by head size (empty: not tuned); TuningError for a file that cannot be used
+    (either section), which the op's activation turns into a decline before any call is served."""
+    return _tables(family)[0]
+
+
+def _tables(family: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings]]:
     return _table(family, op_value(SPEC, "INFERA_ATTN_PAGED_TUNING") or "")
+
+
+def _by_head_size(table: dict, head_size: int):
+    fits = [size for size in table if size >= head_size]
+    return table[min(fits)] if fits else None
 
 
 def decode_settings(head_size: int, device) -> DecodeSettings | None:
     """The family's settings for this head size, or None (not tuned: ops.py's defaults)."""
-    table = load(family_of(device))
-    if not table:
-        return None
-    fits = [size for size in table if size >= head_size]
-    return table[min(fits)] if fits else None
+    return _by_head_size(load(family_of(device)), head_size)
+
+
+def prefill_settings(head_size: int, device) -> PrefillSettings | None:
+    """The family's prefill settings for this head size, or None (ops.prefill_config's defaults)."""
+    return _by_head_size(_tables(family_of(device))[1], head_size)

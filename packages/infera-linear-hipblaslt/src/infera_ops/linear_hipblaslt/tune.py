@@ -3,7 +3,8 @@
 For every linear shape of the model (from its ``config.json``; qkv / gate-up split N and o / down split K
 across ``--tp`` ranks; the LM head is not served) and every token count in ``--tokens``: time vLLM's GEMM
 (``F.linear``) and the skinny-M Triton kernel over a grid of blocks, both replayed from CUDA graphs (as vLLM
-decodes), discard any candidate whose result differs from an fp32 reference, and keep the kernel only where
+decodes), discard any candidate that spills or needs more shared memory than the family has (compiled ahead
+of time first, ``fitting``) or whose result differs from an fp32 reference, and keep the kernel only where
 it is at least ``--margin`` faster (so noise cannot put a slower kernel in the table: the op must never be
 slower than ``F.linear`` at a tuned shape). Runs offline, never inside serving.
 
@@ -48,7 +49,38 @@ def _candidates(m: int):
         yield LaunchConfig(block_m=block_m, **dict(zip(GRID, values)))
 
 
-def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log) -> dict:
+def compile_args(cfg, dtype: str = "bfloat16", bias: bool = False) -> dict:
+    """``infera_vllm.aot.compile_kernel``'s keywords for the skinny-M kernel at ``cfg``, as ops.skinny_linear
+    launches it (K, N and the K slice multiples of 16, as the tuned model shapes are; with SPLIT_K > 1 the
+    kernel writes fp32 partials)."""
+    elem = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
+    pointers = {"x_ptr": elem, "w_ptr": elem, "bias_ptr": elem, "y_ptr": elem if cfg.split_k == 1 else "*fp32"}
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, HAS_BIAS=bias,
+                  FP32_DOT=False)
+    return dict(pointers=pointers, constexprs=consts, divisible=("N", "K", "K_PER_SPLIT"),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def fitting(configs, family: str, dtype: str = "bfloat16", log=lambda line: None) -> list:
+    """The configs that compile for ``family`` without spilling and within its shared memory (compiled ahead
+    of time, infera_vllm.aot): on AMD the larger tiles of GRID need more LDS than a workgroup has, or spill
+    on RDNA, and a spilling candidate must not reach the table because it happened to win a timing."""
+    from infera_ops.linear_hipblaslt.kernels import _skinny_linear_kernel
+    from infera_vllm import aot
+
+    kept = []
+    for cfg in configs:
+        problems = aot.compile_resources(_skinny_linear_kernel, family, **compile_args(cfg, dtype)).problems()
+        if problems:
+            log(f"  drop {cfg.as_dict()} on {family}: {'; '.join(problems)}")
+        else:
+            kept.append(cfg)
+    return kept
+
+
+def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log, family: str | None = None) -> dict:
+    """The table entry of one shape. ``family``: the GPU family being tuned; where infera_vllm.aot knows it,
+    only the candidates that fit it (``fitting``) are timed."""
     import torch
     import torch.nn.functional as F
     from triton.runtime.errors import OutOfResources
@@ -56,6 +88,7 @@ def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log) -> dict
 
     from infera_ops.linear_hipblaslt import ops
     from infera_ops.linear_hipblaslt.reference import linear_reference
+    from infera_vllm import aot
 
     dtype = getattr(torch, shape["dtype"])
     n, k = shape["n"], shape["k"]
@@ -67,7 +100,10 @@ def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log) -> dict
         scale = ref.abs().max().item()
         default_us = do_bench_cudagraph(lambda: F.linear(x, w), rep=20) * 1e3
         best, best_us = None, float("inf")
-        for cfg in _candidates(m):
+        candidates = list(_candidates(m))
+        if family in aot.FAMILIES:
+            candidates = fitting(candidates, family, shape["dtype"], log)
+        for cfg in candidates:
             try:
                 got = ops.skinny_linear(x, w, None, cfg)
             except OutOfResources as exc:  # e.g. 64-row tiles with 4 stages exceed shared memory: not a candidate
@@ -123,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(out) as f:
             doc = json.load(f)
     tokens = tuple(int(t) for t in args.tokens.split(","))
-    measured = [tune_shape(s, tokens, args.margin, lambda line: print(line, flush=True)) for s in shapes]
+    measured = [tune_shape(s, tokens, args.margin, lambda line: print(line, flush=True), family) for s in shapes]
     new = {(r["entry"]["n"], r["entry"]["k"], r["entry"]["dtype"], False): r["entry"] for r in measured}
     kept = [e for e in doc["entries"] if (e["n"], e["k"], e["dtype"], e["bias"]) not in new]
     doc = {"comment": f"written by `infera-vllm tune linear` on {torch.cuda.get_device_name()} (torch {torch.__version__}); "
