@@ -139,8 +139,8 @@ def test_every_shipped_tuning_config_is_correct(family, monkeypatch):
     monkeypatch.delenv("INFERA_MOE_DECODE_TUNING", raising=False)
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
     tuned = tuning.load(family)
-    assert tuned is not None and tuned.max_tokens >= 1
-    for M in sorted({1, tuned.max_tokens} | {bound for bound, _ in tuned.by_tokens}):
+    assert tuned is not None and tuned.largest_served >= 1
+    for M in sorted({1, tuned.largest_served} | {bound for bound, _ in tuned.by_tokens}):
         x, w13, w2, ids, weights = _case(M, 136, 72, 6, 3, torch.bfloat16, seed=M)
         out = torch.full((M, 136), float("nan"), dtype=torch.bfloat16, device=DEVICE)
         ops.moe_experts(x, w13, w2, weights, ids, out=out, config=tuned.config_for(M))

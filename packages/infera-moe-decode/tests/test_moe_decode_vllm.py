@@ -44,7 +44,7 @@ from vllm import LLM, SamplingParams
 def main():
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16", max_model_len=256,
               seed=0, gpu_memory_utilization=0.2,  # on the CPU build: the fraction of RAM reserved
-              tensor_parallel_size=int(sys.argv[2]))
+              tensor_parallel_size=int(sys.argv[2]), enable_expert_parallel=sys.argv[3:] == ["ep"])
     # 4 sequences: prefill chunks of > 16 tokens (handed over), then decode steps of 4 tokens (kernel)
     prompts = [{"prompt_token_ids": [(7 * i + 3 * j) % 500 + 1 for j in range(20 + 3 * i)]} for i in range(4)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, logprobs=8, detokenize=False),
@@ -114,3 +114,25 @@ def test_tensor_parallel_two_workers(tmp_path, checkpoint_and_baseline):
     assert len(workers) == 2, report["processes"]
     kernel = [c for c in report["counts"] if c["op"] == "moe-decode" and c["route"] == "kernel"]
     assert kernel and all(c["processes"] == 2 for c in kernel), report["counts"]  # both ranks ran the kernel
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
+def test_expert_parallel_two_workers(tmp_path, checkpoint_and_baseline):
+    """Expert parallel over two CPU workers: each rank holds 4 of the 8 experts and vLLM passes an expert map
+    (global id -> local index, -1 elsewhere) to the experts; the kernel serves every call on each rank with
+    its local experts (the others contribute zeros, vLLM sums the ranks) and none is declined for the map.
+    vLLM 0.32's own CPU experts crash a worker (SIGSEGV) under expert parallel, with the plugin off too, so
+    the threshold here sends every call, prefill included, to the kernel, and the outputs are judged against
+    the one-worker plugin-off run: as close to the fp32 model as it."""
+    ckpt, baseline = checkpoint_and_baseline
+    report_dir = tmp_path / "report-ep2"
+    ep = result_json(run_script(RUN, str(ckpt), "2", "ep", env={
+        "INFERA_VLLM_OPS": "moe-decode", "INFERA_MOE_DECODE_MAX_TOKENS": "256", "INFERA_VLLM_REPORT_DIR": str(report_dir),
+        "VLLM_CPU_OMP_THREADS_BIND": "0|1"}))
+    print(assert_no_worse_than_vllm(str(ckpt), ep, baseline))
+
+    report = _report(report_dir)
+    routes = {(c["route"], c["reason"]) for c in report["counts"] if c["op"] == "moe-decode"}
+    assert routes == {("kernel", "")}, report["counts"]  # no expert-map fallback, nothing handed over
+    kernel = [c for c in report["counts"] if c["op"] == "moe-decode"]
+    assert all(c["processes"] == 2 for c in kernel), report["counts"]  # both ranks ran the kernel
