@@ -5,7 +5,7 @@ compile tests, the registers, local memory (spills) and occupancy that aot reads
 
     python benchmarks/gpu/h200_aot_check.py compile OUT.json           # cases compiled by this machine's Triton
     python benchmarks/gpu/h200_aot_check.py save CUBINS.pkl            # (anywhere) cubins + aot's figures
-    python benchmarks/gpu/h200_aot_check.py load CUBINS.pkl OUT.json   # (on the GPU) those cubins, checked
+    python benchmarks/gpu/h200_aot_check.py load CUBINS.pkl OUT.json   # (on the GPU, the pickle carried) checked
 
 Run with the checkout's sources on PYTHONPATH (meta/infera-vllm/src, packages/*/src) and TRITON_INTERPRET
 unset. Exits 1 when any figure differs.

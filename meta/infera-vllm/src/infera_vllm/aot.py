@@ -21,7 +21,8 @@ Where the numbers come from:
   ``metadata.shared``, what Triton checks against the device's per-block maximum. Occupancy is the usual
   calculator's: blocks per SM by registers (256-register warp granules), shared memory (1 KiB reserved per
   block) and warps, expressed per SM sub-partition (a scheduler, 16 warps at most) to sit beside AMD's waves
-  per SIMD.
+  per SIMD. On the H200 these match the driver's figures for every sm90 case of the ops' compile tests
+  (``benchmarks/gpu/h200_aot_check.py``; its result under ``benchmarks/results/h200/aot/``).
 """
 
 from __future__ import annotations
