@@ -8,7 +8,7 @@ import pytest
 
 FIXTURE_SITE = Path(__file__).parent / "fixture_site"
 _SWITCHES = ("INFERA_VLLM_OPS_DISABLE", "INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE", "INFERA_VLLM_STRICT",
-             "INFERA_VLLM_REPORT_DIR")
+             "INFERA_VLLM_REPORT_DIR", "INFERA_VLLM_SELF_CHECK", "INFERA_VLLM_SELF_CHECK_PERTURB")
 
 
 @pytest.fixture(autouse=True)

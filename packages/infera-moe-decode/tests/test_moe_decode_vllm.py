@@ -92,6 +92,29 @@ def test_tiny_qwen3_moe_on_vs_off(tmp_path, checkpoint_and_baseline):
     # least 8 steps (8 tokens each); pure decode steps (4 tokens) reach the kernel, prefill chunks are handed over
     assert kernel >= 2 and handed >= 2 and kernel + handed >= 2 * 8, routes
     assert set(routes) == {("kernel", ""), ("handover", "tokens-above-threshold")}, routes
+    # the self-check ran the first kernel call of each bucket against vLLM's experts, and every one agreed
+    checks = report["self_check"]
+    assert checks and all(c["failed"] == 0 and c["passed"] >= 1 for c in checks), checks
+
+
+def test_self_check_catches_a_wrong_kernel(tmp_path, checkpoint_and_baseline):
+    """A deliberately wrong kernel (INFERA_VLLM_SELF_CHECK_PERTURB scales its outputs by 1.25, on every
+    call): the self-check catches it at the first call of each bucket, that call returns vLLM's result and
+    vLLM's experts serve the bucket from then on, so the greedy tokens equal plugin-off's exactly (vLLM's
+    kernel served every call), and the report names the mismatch."""
+    ckpt, baseline = checkpoint_and_baseline
+    report_dir = tmp_path / "report-perturbed"
+    on = result_json(run_script(RUN, str(ckpt), "1", env={
+        "INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_SELF_CHECK_PERTURB": "moe-decode",
+        "INFERA_VLLM_REPORT_DIR": str(report_dir)}))
+    assert [[step[0] for step in seq] for seq in on["steps"]] == [[step[0] for step in seq] for seq in baseline["steps"]]
+
+    report = _report(report_dir)
+    checks = report["self_check"]
+    assert checks and all(c["failed"] >= 1 and c["passed"] == 0 for c in checks), checks
+    assert all(c["max_error"] > 0.1 for c in checks), checks  # ~0.25: the perturbation, far above the bound
+    routes = {(c["route"], c["reason"]) for c in report["counts"] if c["op"] == "moe-decode"}
+    assert ("fallback", "self-check-mismatch") in routes and ("kernel", "") not in routes, report["counts"]
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")
@@ -122,13 +145,14 @@ def test_expert_parallel_two_workers(tmp_path, checkpoint_and_baseline):
     (global id -> local index, -1 elsewhere) to the experts; the kernel serves every call on each rank with
     its local experts (the others contribute zeros, vLLM sums the ranks) and none is declined for the map.
     vLLM 0.32's own CPU experts crash a worker (SIGSEGV) under expert parallel, with the plugin off too, so
-    the threshold here sends every call, prefill included, to the kernel, and the outputs are judged against
-    the one-worker plugin-off run: as close to the fp32 model as it."""
+    the threshold here sends every call, prefill included, to the kernel, the self-check (which would run
+    vLLM's experts beside it) is off, and the outputs are judged against the one-worker plugin-off run: as
+    close to the fp32 model as it."""
     ckpt, baseline = checkpoint_and_baseline
     report_dir = tmp_path / "report-ep2"
     ep = result_json(run_script(RUN, str(ckpt), "2", "ep", env={
-        "INFERA_VLLM_OPS": "moe-decode", "INFERA_MOE_DECODE_MAX_TOKENS": "256", "INFERA_VLLM_REPORT_DIR": str(report_dir),
-        "VLLM_CPU_OMP_THREADS_BIND": "0|1"}))
+        "INFERA_VLLM_OPS": "moe-decode", "INFERA_MOE_DECODE_MAX_TOKENS": "256", "INFERA_VLLM_SELF_CHECK": "off",
+        "INFERA_VLLM_REPORT_DIR": str(report_dir), "VLLM_CPU_OMP_THREADS_BIND": "0|1"}))
     print(assert_no_worse_than_vllm(str(ckpt), ep, baseline))
 
     report = _report(report_dir)

@@ -16,7 +16,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from infera_vllm import compile_key, compat, coverage, discovery, log
+from infera_vllm import compile_key, compat, coverage, discovery, log, self_check
 from infera_vllm.spec import Decline, OpSpec, Reason
 from infera_vllm.switches import SwitchError, Switches, op_values
 
@@ -161,6 +161,8 @@ def activate_all(switches: Switches) -> list[Verdict]:
         strict=switches.strict,
         context={"environment": env.__dict__.copy(), "switches": switches.describe()},
     )
+    self_check.configure(mode=switches.self_check, rate=switches.self_check_rate,
+                         perturb=switches.self_check_perturb, strict=switches.strict)
     log.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
                 "strict mode" if switches.strict else "loading ops", env.gpu_family, env.vllm, directory)
     verdicts = [evaluate_isolated(f, env, switches, install=True) for f in discovery.discover()]

@@ -82,6 +82,9 @@ def spec_problem(spec: OpSpec) -> Decline | None:
         if problem is not None:
             return Decline(Reason.SPEC_ERROR, f"switches[{i}]: {problem}")
         names.add(switch.name)
+    bound = spec.self_check_bound
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 <= bound < float("inf"):
+        return Decline(Reason.SPEC_ERROR, f"self_check_bound = {bound!r} is not a finite number >= 0")
     return None
 
 

@@ -39,6 +39,7 @@ _op_routes: set[str] = set()
 
 
 _counts: dict[tuple[str, str, str, str, str], int] = {}
+_self_checks: dict[tuple[str, str], dict[str, float]] = {}  # (op, bucket) -> infera_vllm.self_check's record
 _ops: dict[str, dict[str, object]] = {}
 _context: dict[str, object] = {}
 _strict = False
@@ -123,6 +124,21 @@ class CallCounts:
         hit()
 
 
+def self_check_entry(op: str, bucket: str) -> dict[str, float]:
+    """The self-check record of (op, bucket), made on first use (infera_vllm.self_check updates it)."""
+    entry = _self_checks.get((op, bucket))
+    if entry is None:
+        _ensure_flusher()
+        entry = _self_checks[(op, bucket)] = {"checked": 0, "passed": 0, "failed": 0, "max_error": 0.0,
+                                               "unchecked_at_capture": 0}
+    return entry
+
+
+def bucket_of(tokens: int) -> str:
+    """The bucket CallCounts files a call of ``tokens`` under (ops key their self-check by it too)."""
+    return bucket_tokens(tokens) if tokens > 0 else "0"
+
+
 def bucket_tokens(n: int) -> str:
     """Coarse power-of-two bucket of a token count: 1, 2, 3-4, 5-8, ..., so reports stay one screen."""
     if n <= 2:
@@ -165,6 +181,7 @@ def snapshot() -> dict[str, object]:
             {"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at, "count": count}
             for (op, route, reason, bucket, at), count in sorted(dict(_counts).items())
         ],
+        "self_check": [{"op": op, "bucket": bucket, **entry} for (op, bucket), entry in sorted(dict(_self_checks).items())],
     }
 
 
@@ -207,7 +224,7 @@ def _flush_while_counting() -> None:
     pid, written = os.getpid(), None
     while os.getpid() == pid and not _exit_report_written:
         time.sleep(FLUSH_EVERY_S)
-        now = dict(_counts)
+        now = (dict(_counts), repr(sorted(_self_checks.items())))
         if now != written and not _exit_report_written:
             try:
                 write_report()
@@ -236,7 +253,7 @@ def _at_exit() -> None:
     _exit_report_written = True
     try:
         path = write_report()
-        if _ops or _counts:
+        if _ops or _counts or _self_checks:
             log.info("infera-vllm coverage (pid %d) -> %s\n  %s", os.getpid(), path, "\n  ".join(summary_lines()))
     except Exception:  # exit must never fail because of a report
         log.logger.exception("infera-vllm: could not write the coverage report")
@@ -247,6 +264,7 @@ def _reset_in_child() -> None:
     # Activation verdicts stay: the seams installed in the parent are in the child's memory too.
     global _started, _exit_report_written, _write_lock
     _counts.clear()
+    _self_checks.clear()
     _started = time.time()
     _exit_report_written = False
     _write_lock = threading.Lock()  # the parent's flusher may have held it at the fork

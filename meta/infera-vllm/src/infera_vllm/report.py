@@ -23,6 +23,10 @@ def _problem(data: object) -> str | None:
         rows = data.get(key)
         if not isinstance(rows, list) or not all(isinstance(r, dict) and all(f in r for f in fields) for r in rows):
             return f"'{key}' is not a list of entries with {', '.join(fields)}"
+    checks = data.get("self_check", [])  # absent in reports of processes without the self-check
+    fields = ("op", "bucket", "checked", "passed", "failed", "max_error")
+    if not isinstance(checks, list) or not all(isinstance(r, dict) and all(f in r for f in fields) for r in checks):
+        return f"'self_check' is not a list of entries with {', '.join(fields)}"
     return None
 
 
@@ -74,6 +78,16 @@ def merge(reports: list[dict]) -> dict:
             total = counts.setdefault(key, [0, 0])
             total[0] += c["count"]
             total[1] += 1
+    checks: dict[tuple[str, str], dict] = {}
+    for r in reports:
+        for c in r.get("self_check", []):
+            total = checks.setdefault((c["op"], c["bucket"]), {"checked": 0, "passed": 0, "failed": 0,
+                                                               "max_error": 0.0, "unchecked_at_capture": 0,
+                                                               "processes": 0})
+            for k in ("checked", "passed", "failed", "unchecked_at_capture"):
+                total[k] += c.get(k, 0)
+            total["max_error"] = max(total["max_error"], c["max_error"])
+            total["processes"] += 1
     return {
         "format": "infera-vllm-merged/1",
         "processes": processes,
@@ -82,6 +96,7 @@ def merge(reports: list[dict]) -> dict:
         "counts": [{"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at,
                     "count": total, "processes": n}
                    for (op, route, reason, bucket, at), (total, n) in sorted(counts.items())],
+        "self_check": [{"op": op, "bucket": bucket, **total} for (op, bucket), total in sorted(checks.items())],
     }
 
 
@@ -109,4 +124,9 @@ def render(merged: dict) -> str:
                        "replays are not counted)")
     else:
         out.append("  none: no op routed a call (declined ops route nothing; vLLM's own kernels served everything)")
+    if merged.get("self_check"):
+        out += ["", "self-check (kernel vs vLLM's implementation on the same inputs, max |diff| / max |vLLM's|):"]
+        out += _table(["op", "shape", "checked", "passed", "failed", "max error", "captured unchecked", "processes"],
+                      [[c["op"], c["bucket"], c["checked"], c["passed"], c["failed"], f"{c['max_error']:.2e}",
+                        c["unchecked_at_capture"], c["processes"]] for c in merged["self_check"]])
     return "\n".join(out)

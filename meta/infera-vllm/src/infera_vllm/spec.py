@@ -112,7 +112,9 @@ class OpSpec:
     ``tune`` (optional) names ``module:function`` taking the remaining command-line arguments (a list of
     strings) and returning an exit status: ``infera-vllm tune <op> ARGS...`` runs it (the op's offline tuner).
     ``switches`` declares the op's own environment switches (:class:`Switch`): a bad value declines the op
-    ``bad-switch`` before its code is imported.
+    ``bad-switch`` before its code is imported. ``self_check_bound``: the largest
+    ``max |ours - vLLM's| / max |vLLM's|`` the numerics self-check accepts for this op's kernels (from their
+    measured bf16 error; ``infera_vllm.self_check``); 0 means the op does not self-check.
     """
 
     name: str
@@ -129,4 +131,5 @@ class OpSpec:
     plan: str | None = None
     tune: str | None = None
     switches: tuple[Switch, ...] = ()
+    self_check_bound: float = 0.0
     summary: str = field(default="", compare=False)

@@ -49,6 +49,20 @@ def _names(env: Mapping[str, str], name: str) -> frozenset[str] | None:
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
 
 
+def _self_check_mode(env: Mapping[str, str]) -> str:
+    raw = env.get("INFERA_VLLM_SELF_CHECK", "").strip().lower() or "first"
+    if raw in ("off", "first"):
+        return raw
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 < rate <= 1.0:
+        raise SwitchError(f"INFERA_VLLM_SELF_CHECK={env['INFERA_VLLM_SELF_CHECK']!r}: expected off, first or a rate "
+                          "in (0, 1]")
+    return repr(rate)
+
+
 @dataclass(frozen=True)
 class Switches:
     disable_all: bool = False
@@ -56,6 +70,13 @@ class Switches:
     exclude: frozenset[str] = frozenset()
     strict: bool = False
     report_dir: str | None = None
+    self_check: str = "first"  # "off", "first", or a rate as text ("0.01")
+    self_check_perturb: str = ""
+
+    @property
+    def self_check_rate(self) -> float:
+        """0 for off and first; the sampling rate of later eager calls otherwise."""
+        return 0.0 if self.self_check in ("off", "first") else float(self.self_check)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Switches:
@@ -66,6 +87,8 @@ class Switches:
             exclude=_names(env, "INFERA_VLLM_OPS_EXCLUDE") or frozenset(),
             strict=_flag(env, "INFERA_VLLM_STRICT"),
             report_dir=env.get("INFERA_VLLM_REPORT_DIR") or None,
+            self_check=_self_check_mode(env),
+            self_check_perturb=env.get("INFERA_VLLM_SELF_CHECK_PERTURB", "").strip(),
         )
 
     def selection(self, spec: OpSpec) -> Decline | None:
@@ -90,6 +113,8 @@ class Switches:
             "INFERA_VLLM_OPS_EXCLUDE": sorted(self.exclude),
             "INFERA_VLLM_STRICT": self.strict,
             "INFERA_VLLM_REPORT_DIR": self.report_dir,
+            "INFERA_VLLM_SELF_CHECK": self.self_check,
+            **({"INFERA_VLLM_SELF_CHECK_PERTURB": self.self_check_perturb} if self.self_check_perturb else {}),
         }
 
 

@@ -23,8 +23,9 @@ def dot(a, b, acc, FP32_DOT: tl.constexpr):
 
 
 def pdl_supported(device) -> bool:
-    """Programmatic dependent launch (``launch_pdl``, ``gdc_wait``/``gdc_launch_dependents``): Hopper or later,
-    a Triton that has it, and not Triton's interpreter. Decided once per device (ops ask on every call)."""
+    """Programmatic dependent launch (``launch_pdl``, ``gdc_wait``/``gdc_launch_dependents``): NVIDIA Hopper or
+    later, a Triton that has it, and not Triton's interpreter (ROCm's torch also says ``cuda``, with its own
+    capability numbers: never there). Decided once per device (ops ask on every call)."""
     return device.type == "cuda" and not fp32_dot() and _pdl_on_cuda_device(device.index)
 
 
@@ -32,7 +33,7 @@ def pdl_supported(device) -> bool:
 def _pdl_on_cuda_device(index) -> bool:
     import torch
 
-    if torch.cuda.get_device_capability(index)[0] < 9:
+    if torch.version.hip is not None or torch.cuda.get_device_capability(index)[0] < 9:
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions

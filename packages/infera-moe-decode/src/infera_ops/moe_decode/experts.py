@@ -20,10 +20,11 @@ from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedM
 
 from infera_ops.moe_decode import guard, ops
 from infera_ops.moe_decode.tuning import Tuning
-from infera_vllm import coverage
+from infera_vllm import coverage, self_check
 
 
-def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, keep_unpacked: bool) -> type:
+def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check: self_check.Checker,
+                   keep_unpacked: bool) -> type:
     class InferaDecodeExperts(base):
         def process_weights_after_loading(self, layer) -> None:
             if keep_unpacked:  # before the parent repacks them into its own layout
@@ -43,23 +44,40 @@ def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, keep_
                                           apply_router_weight_on_input, a1q_scale, getattr(self, "w1_bias", None),
                                           getattr(self, "w2_bias", None), tuning.serves)
             capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
-            count(reason, hidden_states.shape[0], "plan" if capturing else "call")
+            tokens = hidden_states.shape[0]
+            bucket = coverage.bucket_of(tokens)
+            if reason is None and check.declined(bucket):
+                reason = self_check.MISMATCH
+            checking = reason is None and check.wants(bucket, capturing)
+            if not checking:
+                count(reason, tokens, "plan" if capturing else "call")
             if reason is not None:
                 return super().apply(*args)
+            theirs = None
+            if checking:  # vLLM's experts on the same inputs first: `output` may share the workspaces they use
+                theirs = torch.empty_like(output)
+                super().apply(theirs, *args[1:])
             ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
-                            config=tuning.config_for(hidden_states.shape[0]), expert_map=expert_map)
+                            config=tuning.config_for(tokens), expert_map=expert_map)
+            check.perturb(output)
+            if theirs is not None:  # on a mismatch the call returns vLLM's result
+                agreed = check.judge(bucket, output, theirs, tuple(hidden_states.shape))
+                if not agreed:
+                    output.copy_(theirs)
+                count(None if agreed else self_check.MISMATCH, tokens, "call")
             return None
 
     return InferaDecodeExperts
 
 
-def install(op_name: str, tuning: Tuning, cpu: bool) -> None:
+def install(op_name: str, tuning: Tuning, cpu: bool, bound: float) -> None:
     """Register the out-of-tree MoE method (idempotent: a forked child already has it)."""
     from vllm.model_executor.custom_op import op_registry_oot
 
     if "UnquantizedFusedMoEMethod" in op_registry_oot:
         return
     count = coverage.CallCounts(op_name, guard.HANDOVERS)  # per-layer decisions at construction: at="plan"
+    check = self_check.Checker(op_name, bound)
 
     @UnquantizedFusedMoEMethod.register_oot
     class InferaDecodeMoEMethod(UnquantizedFusedMoEMethod):
@@ -72,9 +90,9 @@ def install(op_name: str, tuning: Tuning, cpu: bool) -> None:
                 if self.experts_cls is None:  # vLLM < 0.32 on the CPU: monolithic, no experts class
                     count("cpu-monolithic", 1, "plan")
                     return
-                self.experts_cls = _experts_class(self.experts_cls, tuning, count, keep_unpacked=True)
+                self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=True)
                 return
             if self.unquantized_backend != UnquantizedMoeBackend.TRITON:
                 count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
                 return
-            self.experts_cls = _experts_class(self.experts_cls, tuning, count, keep_unpacked=False)
+            self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=False)

@@ -39,6 +39,6 @@ def activate(ctx) -> Decline | None:
     found, _ = _tuning(ctx)
     from infera_ops.moe_decode import experts
 
-    experts.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu")
+    experts.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu", bound=ctx.spec.self_check_bound)
     ctx.state["note"] = f"serves up to {found.largest_served} tokens ({found.source})"
     return None
