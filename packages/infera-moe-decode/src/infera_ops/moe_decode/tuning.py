@@ -73,6 +73,16 @@ class Tuning:
         return self.config
 
 
+def default_config(family: str, form: str = "split") -> LaunchConfig:
+    """The launch a family gets without a ``config`` in its file (``INFERA_MOE_DECODE_MAX_TOKENS`` on an
+    untuned family), chosen so that nothing spills (tests/test_moe_decode_compile.py): the defaults; two
+    pipeline stages on AMD GPUs, whose 64 KB of LDS (gfx942, RDNA) three stages of the 64-wide tiles overflow
+    (72 KB); on RDNA3 (gfx11xx) also a 64-deep H chunk, as the 128-deep one spills VGPRs in its WMMA layout."""
+    if family.startswith("gfx11"):
+        return LaunchConfig(form=form, block_h=64, num_stages=2)
+    return LaunchConfig(form=form, num_stages=2 if family.startswith("gfx") else 3)
+
+
 def _read(path_or_text: str, source: str) -> dict:
     try:
         doc = json.loads(path_or_text)
@@ -102,7 +112,7 @@ def load(family: str) -> Tuning | None:
         return None
     doc = doc or {}
     try:
-        config = LaunchConfig(**doc.get("config", {}))
+        config = LaunchConfig(**doc["config"]) if "config" in doc else default_config(family)
         by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in doc.get("by_tokens", {}).items()))
     except (TypeError, ValueError, AttributeError) as exc:
         raise TuningError(f"{source}: bad 'config' or 'by_tokens' ({exc})") from exc

@@ -1,0 +1,83 @@
+"""The decode experts kernels compile for every GPU family, on any machine, at the launches the op would use
+there, without spilling (infera_vllm.aot: Triton's lowering and the backend's register allocation run ahead
+of time, no GPU needed). Launches are not checked here.
+
+Launches: each entry of the family's packaged tuning file (sm90), else the family's defaults
+(``tuning.default_config``, in both forms: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on a family without
+a file). ``INFERA_AOT_FAMILY``
+picks the families (the nox session of a family sets its own); unset: all of them.
+"""
+
+import json
+import os
+from importlib import resources
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("compiles real kernels: runs in the session without Triton's interpreter", allow_module_level=True)
+
+import triton  # noqa: E402
+
+from infera_ops.moe_decode import ops, tuning  # noqa: E402
+from infera_ops.moe_decode.kernels import (LaunchConfig, _moe_down_kernel, _moe_fused_kernel,  # noqa: E402
+                                           _moe_gate_up_kernel, _row_sum_kernel, block_m, block_mk)
+from infera_vllm import aot  # noqa: E402
+
+pytestmark = pytest.mark.aot_compile
+
+POINTERS = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "topk_ids_ptr": "*i32",
+            "topk_weights_ptr": "*fp32", "part_ptr": "*fp32", "act_ptr": "*bf16", "y_ptr": "*fp32",
+            "rows_ptr": "*fp32", "out_ptr": "*bf16"}
+DIVISIBLE = {"H", "I"}  # every model's hidden and expert sizes are multiples of 16, as Triton sees at launch
+TOKENS = 16  # the largest decode call the op serves: BLOCK_M 16, BLOCK_MK 128 (top-8)
+
+
+def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
+    packaged = resources.files("infera_ops.moe_decode").joinpath("tuning", f"{family}.json")
+    if packaged.is_file():
+        doc = json.loads(packaged.read_text())
+        return [(f"M<={bound}", LaunchConfig(**cfg)) for bound, cfg in sorted(doc["by_tokens"].items(),
+                                                                               key=lambda kv: int(kv[0]))]
+    return [(f"defaults {form}", tuning.default_config(family, form)) for form in ("split", "fused")]
+
+
+# (family, case label) -> why a configuration the op launches spills; strict xfails: a fix turns them into failures
+KNOWN_MISFITS = {}
+if tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9):
+    KNOWN_MISFITS[("sm90", "fused M<=2")] = (
+        "the fused form at BLOCK_I=128 (the H200's tuned launch at M = 2): Triton 3.9's ptxas spills 40 bytes; "
+        "the H200 ran it with Triton 3.6 at 1.10x vLLM (benchmarks/results/h200/moe-decode/)")
+
+
+def compile_cases(family: str) -> list[aot.Case]:
+    pdl_family = family.startswith("sm")
+    cases = []
+    for label, cfg in _launches(family):
+        pdl = cfg.pdl and pdl_family
+        common = dict(pointers=POINTERS, divisible=DIVISIBLE, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        tiles = dict(BLOCK_MK=block_mk(TOKENS * 8), BLOCK_M=block_m(TOKENS), FP32_DOT=False)
+        launch = f"{cfg.form} BLOCK_I={cfg.block_i} w{cfg.num_warps} s{cfg.num_stages}{' pdl' if pdl else ''}"
+        if cfg.form == "fused":
+            cases.append(aot.Case(_moe_fused_kernel, f"fused {label}", launch, dict(common, constexprs=dict(
+                tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, USE_PDL=pdl)),
+                known_misfit=KNOWN_MISFITS.get((family, f"fused {label}"))))
+        else:
+            prefetch = cfg.prefetch_down and pdl_family
+            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch, dict(common, constexprs=dict(
+                tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=prefetch,
+                PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl))))
+            cases.append(aot.Case(_moe_down_kernel, f"down {label}", f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} "
+                                  f"w{cfg.num_warps} s{cfg.num_stages}", dict(common, constexprs=dict(
+                                      tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=pdl))))
+        cases.append(aot.Case(_row_sum_kernel, f"row sum {label}", f"BLOCK_R={ops.SUM_BLOCK_R} "
+                              f"BLOCK_N={ops.SUM_BLOCK_N}", dict(pointers=POINTERS, divisible=DIVISIBLE,
+                                                                 constexprs=dict(BLOCK_R=ops.SUM_BLOCK_R,
+                                                                                 BLOCK_N=ops.SUM_BLOCK_N,
+                                                                                 USE_PDL=pdl))))
+    return cases
+
+
+@aot.parametrize(compile_cases)
+def test_compiles_without_spills(family, case):
+    aot.check(case, family)
