@@ -47,6 +47,8 @@ coverage.write_report()
 rep = json.load(open(glob.glob(os.path.join(os.environ["INFERA_VLLM_REPORT_DIR"], "*.json"))[0]))
 out["ops"] = {o["op"]: [o["status"], o["reason"], o["detail"]] for o in rep["ops"]}
 out["counts"] = sorted((c["route"], c["reason"], c["bucket"], c["count"]) for c in rep["counts"] if c["op"] == "norm")
+out["self_check"] = [[c["bucket"], c["checked"], c["passed"], c["failed"], c["max_error"]]
+                     for c in rep["self_check"] if c["op"] == "norm"]
 print("RESULT" + json.dumps(out))
 """
 
@@ -72,6 +74,25 @@ def test_named_op_serves_ir_calls_and_goes_first(tmp_path):
     counts = {(route, reason): n for route, reason, _bucket, n in res["counts"]}
     assert counts[("kernel", "")] == 3  # two rms_norm calls (direct, layer) + one fused
     assert counts[("fallback", "dtype")] == 1
+    # the self-check ran the first call of the bucket against vLLM's native implementation: it agreed
+    assert res["self_check"] and all(failed == 0 and passed >= 1 for _, _, passed, failed, _ in res["self_check"])
+
+
+@pytest.mark.parametrize("mode", ["first", "off"])
+def test_self_check_catches_a_wrong_kernel(tmp_path, mode):
+    """A deliberately wrong kernel (outputs x 1.25 on every call): with the self-check on, the first call of
+    the bucket returns vLLM's native result and native serves the bucket from then on, so every output is
+    right and the report names the mismatch; with it off, the wrong outputs go through (the test can fail)."""
+    res, log = _run(tmp_path, INFERA_VLLM_OPS="norm", INFERA_NORM_EAGER_MIN_TOKENS="0",
+                    INFERA_VLLM_SELF_CHECK_PERTURB="norm", INFERA_VLLM_SELF_CHECK=mode)
+    if mode == "off":
+        assert res["rms_err"] > 0.2 and res["self_check"] == [], res
+        return
+    assert res["rms_err"] < 2e-2 and res["layer_err"] < 2e-2 and res["fused_err"] < 2e-2, res
+    assert "norm self-check failed for 5-8 tokens (shape (5, 576))" in log
+    assert [failed for _, _, _, failed, _ in res["self_check"]] == [1], res["self_check"]
+    counts = {(route, reason): n for route, reason, _bucket, n in res["counts"]}
+    assert counts[("fallback", "self-check-mismatch")] >= 2  # the layer call and the fused call after it
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch-cost hand-over applies on GPUs only")

@@ -45,7 +45,7 @@ from vllm import ir
 
 from infera_ops.norm import ops
 from infera_ops.norm.spec import SPEC
-from infera_vllm import coverage
+from infera_vllm import coverage, self_check
 from infera_vllm.switches import op_value
 
 PROVIDER = "infera"
@@ -96,9 +96,38 @@ def _concrete_tokens(x: Tensor) -> Optional[int]:
     return tokens
 
 
+_self_check: dict = {"check": None}  # set by install(): the op's infera_vllm.self_check.Checker
+
+
+def _native(op_name: str):
+    """vLLM's own implementation of the IR op (``native``): what the self-check compares with."""
+    return getattr(ir.ops, op_name).impls["native"].impl_fn
+
+
+def _checked_bucket(x: Tensor):
+    """(checker, bucket, capturing) for a call the self-check may look at (checker None while Dynamo traces;
+    with the check off it neither declines nor wants a call, and perturbs where a test asks it to)."""
+    check = _self_check["check"]
+    if check is None or torch.compiler.is_compiling():
+        return None, "", False
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    return check, coverage.bucket_of(x.numel() // max(1, x.shape[-1])), capturing
+
+
 @torch.library.custom_op("infera::rms_norm", mutates_args=())
 def rms_norm_op(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
-    return ops.rms_norm(x, weight, epsilon)
+    check, bucket, capturing = _checked_bucket(x)
+    if check is not None and check.declined(bucket):  # a self-check mismatch: vLLM's implementation serves
+        _handover["count"](self_check.MISMATCH, x)
+        return _native("rms_norm")(x, weight, epsilon)
+    out = ops.rms_norm(x, weight, epsilon)
+    if check is not None:
+        check.perturb(out)
+        if check.wants(bucket, capturing):
+            theirs = _native("rms_norm")(x, weight, epsilon)
+            if not check.judge(bucket, out, theirs, tuple(x.shape)):
+                return theirs
+    return out
 
 
 @rms_norm_op.register_fake
@@ -116,7 +145,20 @@ def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor],
         _handover["count"]("vllm-c-faster", x)
         vllm_c(x, residual, weight, epsilon)
         return
+    check, bucket, capturing = _checked_bucket(x)
+    if check is not None and check.declined(bucket):
+        _handover["count"](self_check.MISMATCH, x)
+        out, res = _native("fused_add_rms_norm")(x.clone(), residual.clone(), weight, epsilon)
+        x.copy_(out), residual.copy_(res)
+        return
+    inputs = (x.clone(), residual.clone()) if check is not None and check.wants(bucket, capturing) else None
     ops.fused_add_rms_norm(x, residual, weight, epsilon, out=x, residual_out=residual)
+    if check is not None:
+        check.perturb(x)
+        if inputs is not None:  # judged on the normalised output; on a mismatch both outputs are vLLM's
+            out, res = _native("fused_add_rms_norm")(*inputs, weight, epsilon)
+            if not check.judge(bucket, x, out, tuple(x.shape)):
+                x.copy_(out), residual.copy_(res)
 
 
 @fused_add_rms_norm_op.register_fake
@@ -186,6 +228,7 @@ def install(op_name: str, allow_cpu: bool) -> None:
     if PROVIDER in ir.ops.rms_norm.impls:
         return
     count = _Counts(op_name)
+    _self_check["check"] = self_check.Checker(op_name, SPEC.self_check_bound)
     # On the CPU (interpreter, validation only) neither hand-over applies: launch cost is not the question
     # there, and the tests must reach the kernel.
     eager_min = 0 if allow_cpu else eager_min_tokens()
