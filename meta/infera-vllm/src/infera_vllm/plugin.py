@@ -37,3 +37,7 @@ def register() -> None:
         if switches.strict:
             raise
         log.logger.exception("infera-vllm: the plugin failed; vLLM continues with its own kernels")
+
+    from infera_vllm import metrics
+
+    metrics.install()  # a front end's /metrics also shows the merged coverage reports (never raises)
