@@ -168,7 +168,32 @@ def test_packaged_tuning_files_parse():
              if f.name.endswith(".json")]
     assert {"sm90.json", "gfx942.json", "gfx1100.json", "gfx1151.json", "gfx1201.json"} <= set(files)
     for name in files:
-        decode, prefill = tuning._parse(resources.files("infera_ops.attn_paged").joinpath("tuning", name).read_text(),
-                                        name)
+        decode, prefill, _ = tuning._parse(
+            resources.files("infera_ops.attn_paged").joinpath("tuning", name).read_text(), name)
         assert all(s.num_warps in (4, 8, 16) and s.reduce_warps in (4, 8) for s in decode.values()), name
         assert all(s.block_m >= 16 and s.block_n >= 16 for s in prefill.values()), name
+
+
+def test_head_sizes_a_family_declines(tmp_path, monkeypatch):
+    """RDNA3's files decline head size 256 (every launch spills there); other families and sizes serve; a
+    malformed section is a clear error."""
+    import json
+
+    import pytest
+
+    from infera_ops.attn_paged import tuning
+
+    monkeypatch.delenv("INFERA_ATTN_PAGED_TUNING", raising=False)
+    tuning._table.cache_clear()
+    try:
+        assert "spills" in tuning.declined_head_size(256, "gfx1100")
+        assert "spills" in tuning.declined_head_size(256, "gfx1151")
+        assert tuning.declined_head_size(128, "gfx1100") is None
+        assert tuning.declined_head_size(256, "gfx1201") is None and tuning.declined_head_size(256, "sm90") is None
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"decode": {}, "declined_head_sizes": ["256"]}))
+        monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(path))
+        with pytest.raises(tuning.TuningError, match="declined_head_sizes"):
+            tuning.load("sm90")
+    finally:
+        tuning._table.cache_clear()

@@ -21,7 +21,7 @@ import torch
 from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, TritonAttentionImpl,
                                                     TritonAttentionMetadataBuilder)
 
-from infera_ops.attn_paged import guard, ops
+from infera_ops.attn_paged import guard, ops, tuning
 from infera_vllm import coverage
 
 OP_NAME = "attn-paged"
@@ -83,12 +83,20 @@ class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
         return md
 
 
+def _family() -> str:
+    """The GPU family of the device this process builds its layers on (sm90, gfx1100, ...; cpu)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return tuning.family_of(device)
+
+
 class InferaAttentionImpl(TritonAttentionImpl):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._infera_layer_decline = guard.layer_decline(
             self.attn_type, self.head_size, self.kv_cache_dtype, self.alibi_slopes,
             getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1))
+        if self._infera_layer_decline is None and tuning.declined_head_size(self.head_size, _family()) is not None:
+            self._infera_layer_decline = "head-size-on-family"  # the family's tuning file: every launch spills
         self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
         self._infera_softcap = float(self.logits_soft_cap or 0.0)
         route = guard.prefill_route()  # validated when the op activated

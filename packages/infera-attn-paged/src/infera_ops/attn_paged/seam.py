@@ -53,10 +53,15 @@ def activate(ctx) -> Decline | None:
 def plan(site) -> Decline | None:
     """Would the backend's kernels take this attention layer (``doctor --model``)? Only with
     ``--attention-backend CUSTOM``; per batch, fp32 queries and the other per-call reasons still apply."""
-    from infera_ops.attn_paged import guard
+    from infera_ops.attn_paged import guard, tuning
+    from infera_vllm.platform import detect_gpu_family
 
     if site.attrs.get("head_size") not in guard.HEAD_SIZES:
         return Decline("head-size", f"head size {site.attrs.get('head_size')} not in {guard.HEAD_SIZES}")
+    family = detect_gpu_family()[0]
+    why = tuning.declined_head_size(site.attrs["head_size"], family)
+    if why is not None:
+        return Decline("head-size-on-family", f"head size {site.attrs['head_size']} on {family}: {why}")
     if str(site.attrs.get("dtype", "bfloat16")).replace("torch.", "") not in ("bfloat16", "float16"):
         return Decline("dtype", f"{site.attrs.get('dtype')}: the kernels take bf16/fp16")
     return None

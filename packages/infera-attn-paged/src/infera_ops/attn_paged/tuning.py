@@ -10,7 +10,8 @@ decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``redu
 ``programs_per_sm``, ``split_keys`` (ops.SplitPolicy) and ``pdl``, and each prefill entry (optional section)
 ``block_m`` (the fewest rows; at least the query heads per KV head), ``block_n``, ``num_warps``,
 ``num_stages``; a head size takes the entry of the smallest listed size >= it (80 and 96 take 128's), none
-above the largest.
+above the largest. ``declined_head_sizes`` (optional): ``{"256": "why"}``, head sizes the op does not serve
+on that family (every launch spills there): such layers stay on vLLM's attention (``head-size-on-family``).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _cuda_family(index) -> str:
     return f"sm{major}{minor}"
 
 
-def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings]]:
+def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
     try:
         doc = json.loads(text)
         entries = doc["decode"]
@@ -75,18 +76,22 @@ def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int,
         prefill = {int(size): PrefillSettings(**entry) for size, entry in doc.get("prefill", {}).items()}
     except (ValueError, TypeError, AttributeError) as exc:
         raise TuningError(f"{source}: bad prefill section ({exc})") from exc
-    return decode, prefill
+    try:
+        declined = {int(size): str(why) for size, why in doc.get("declined_head_sizes", {}).items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise TuningError(f"{source}: bad declined_head_sizes ({exc})") from exc
+    return decode, prefill, declined
 
 
 @functools.lru_cache(maxsize=None)
-def _table(family: str, override: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings]]:
-    """(decode, prefill) settings by head size, cached per (family, switch value): the hot path reads the
-    file once."""
+def _table(family: str, override: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
+    """(decode, prefill, declined head sizes) by head size, cached per (family, switch value): the hot path
+    reads the file once."""
     try:
         found = tuning_files.read("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING", override)
     except tuning_files.TuningFileError as exc:
         raise TuningError(str(exc)) from exc
-    return _parse(*found) if found else ({}, {})
+    return _parse(*found) if found else ({}, {}, {})
 
 
 def load(family: str) -> dict[int, DecodeSettings]:
@@ -95,7 +100,7 @@ def load(family: str) -> dict[int, DecodeSettings]:
     return _tables(family)[0]
 
 
-def _tables(family: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings]]:
+def _tables(family: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
     return _table(family, op_value(SPEC, "INFERA_ATTN_PAGED_TUNING") or "")
 
 
@@ -112,3 +117,8 @@ def decode_settings(head_size: int, device) -> DecodeSettings | None:
 def prefill_settings(head_size: int, device) -> PrefillSettings | None:
     """The family's prefill settings for this head size, or None (ops.prefill_config's defaults)."""
     return _by_head_size(_tables(family_of(device))[1], head_size)
+
+
+def declined_head_size(head_size: int, family: str) -> str | None:
+    """Why the family's file declines this head size (every launch spills there), or None."""
+    return _tables(family)[2].get(head_size)
