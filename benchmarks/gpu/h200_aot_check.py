@@ -21,7 +21,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-OPS = ("attn-paged", "norm", "linear-hipblaslt")
+OPS = tuple(os.environ.get("AOT_OPS", "attn-paged,norm,linear-hipblaslt,moe-decode").split(","))  # AOT_OPS: a subset
 CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_FUNC_ATTRIBUTE_NUM_REGS = 1, 3, 4
 
 

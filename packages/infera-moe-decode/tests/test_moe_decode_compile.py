@@ -47,7 +47,7 @@ KNOWN_MISFITS = {}
 if tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9):
     KNOWN_MISFITS[("sm90", "fused M<=2")] = (
         "the fused form at BLOCK_I=128 (the H200's tuned launch at M = 2): Triton 3.9's ptxas spills 40 bytes; "
-        "the H200 ran it with Triton 3.6 at 1.10x vLLM (benchmarks/results/h200/moe-decode/)")
+        "Triton 3.6's, the H200's, none (196 registers; benchmarks/results/h200/aot/aot_check_moe_triton36.json)")
 
 
 def compile_cases(family: str) -> list[aot.Case]:
