@@ -109,10 +109,9 @@ class CallCounts:
     def __init__(self, op: str, handovers: tuple[str, ...] = (), routes: tuple[str, ...] = ()):
         self.op, self.handovers, self.routes, self._hits = op, handovers, routes, {}
         _op_routes.update(routes)
-        self._buckets = [bucket_tokens(1 << k) for k in range(40)]
 
     def __call__(self, reason: str | None, tokens: int | None, at: str = "call") -> None:
-        bucket = "dynamic" if tokens is None else self._buckets[(tokens - 1).bit_length()] if tokens > 0 else "0"
+        bucket = "dynamic" if tokens is None else bucket_of(tokens)
         key = (reason, bucket, at)
         hit = self._hits.get(key)
         if hit is None:
@@ -135,8 +134,9 @@ def self_check_entry(op: str, bucket: str) -> dict[str, float]:
 
 
 def bucket_of(tokens: int) -> str:
-    """The bucket CallCounts files a call of ``tokens`` under (ops key their self-check by it too)."""
-    return bucket_tokens(tokens) if tokens > 0 else "0"
+    """The bucket CallCounts files a call of ``tokens`` under (ops key their self-check by it too): a table
+    lookup, no formatting, since hot paths ask for it on every call."""
+    return _BUCKETS[(tokens - 1).bit_length()] if tokens > 0 else "0"
 
 
 def bucket_tokens(n: int) -> str:
@@ -145,6 +145,9 @@ def bucket_tokens(n: int) -> str:
         return str(n)
     hi = 1 << (n - 1).bit_length()
     return f"{hi // 2 + 1}-{hi}"
+
+
+_BUCKETS = [bucket_tokens(1 << k) for k in range(64)]  # bucket of a count in (2^(k-1), 2^k]
 
 
 def record_op(name: str, *, distribution: str, version: str, seam: str, decline: Decline | None, note: str = "") -> None:
