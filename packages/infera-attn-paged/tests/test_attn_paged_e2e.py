@@ -72,6 +72,13 @@ def _reports(report_dir):
              {o["op"]: o["status"] for o in d["ops"]}, sum(c["count"] for c in d["counts"])) for d in docs]
 
 
+def _merged(report_dir):
+    """The merged coverage report of a run (infera-vllm report DIR --json)."""
+    from infera_vllm import report
+
+    return report.merge(report.load(report_dir, []))
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tiny-llama"))
@@ -79,15 +86,41 @@ def model(tmp_path_factory):
     return path
 
 
-def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(model, tmp_path):
+@pytest.fixture(scope="module")
+def off(model):
+    """The plugin-off run: vLLM's CPU attention."""
+    return result_json(run_script(RUN, model, "1", env={"INFERA_VLLM_OPS_DISABLE": "1"}))
+
+
+def test_tiny_llama_on_the_kernels_matches_vllms_cpu_attention(model, off, tmp_path):
     on = result_json(run_script(RUN, model, "1", env={**ON, "INFERA_VLLM_REPORT_DIR": str(tmp_path / "on")}))
-    off = result_json(run_script(RUN, model, "1", env={"INFERA_VLLM_OPS_DISABLE": "1"}))
     print(assert_no_worse_than_vllm(model, on, off))
     counts = _counts(str(tmp_path / "on"))
     assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, counts  # nothing fell back
     buckets = {c["bucket"] for c in counts}
     assert buckets & {"1", "2", "3-4"}  # decode steps (one token per sequence)
     assert buckets - {"1", "2", "3-4"}  # a prefill batch (tens of tokens)
+    # the self-check ran the first call of each batch kind and bucket against the CPU build's stand-in for
+    # vLLM's Triton attention (the fp32 reference), and every one agreed
+    checks = _merged(str(tmp_path / "on"))["self_check"]
+    assert checks and all(c["failed"] == 0 and c["passed"] >= 1 for c in checks), checks
+    assert {c["bucket"].split()[0] for c in checks} == {"decode", "prefill"}, checks
+
+
+def test_self_check_catches_a_wrong_kernel(model, off, tmp_path):
+    """A deliberately wrong kernel (INFERA_VLLM_SELF_CHECK_PERTURB scales its outputs by 1.25 on every call):
+    the first call of each bucket fails its check and returns the stand-in's result, which then serves the
+    bucket, so no call keeps the kernel's output; the outputs are as close to the fp32 model as vLLM's CPU
+    attention's, and the report names each mismatch."""
+    report_dir = tmp_path / "perturbed"
+    on = result_json(run_script(RUN, model, "1", env={**ON, "INFERA_VLLM_SELF_CHECK_PERTURB": "attn-paged",
+                                                       "INFERA_VLLM_REPORT_DIR": str(report_dir)}))
+    print(assert_no_worse_than_vllm(model, on, off))
+    merged = _merged(str(report_dir))
+    checks = merged["self_check"]
+    assert checks and all(c["failed"] >= 1 and c["passed"] == 0 and c["max_error"] > 0.1 for c in checks), checks
+    routes = {(c["route"], c["reason"]) for c in merged["counts"] if c["op"] == "attn-paged"}
+    assert routes == {("fallback", "self-check-mismatch")}, merged["counts"]
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="two CPU workers need two cores")

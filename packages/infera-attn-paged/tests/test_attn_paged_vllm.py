@@ -29,12 +29,15 @@ def vllm_config(tmp_path_factory):
     from vllm.engine.arg_utils import EngineArgs
 
     # the plugin's register(), as vLLM calls it; only this op, so no other op's seam lands in this test process
-    saved = os.environ.get("INFERA_VLLM_OPS")
-    os.environ["INFERA_VLLM_OPS"] = "attn-paged"
+    # and the self-check off except in the tests of it (tests/perturbed_check below)
+    env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_SELF_CHECK": "off"}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     try:
         load_general_plugins()
     finally:
-        os.environ.pop("INFERA_VLLM_OPS") if saved is None else os.environ.__setitem__("INFERA_VLLM_OPS", saved)
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
     model = tmp_path_factory.mktemp("tiny-llama")
     LlamaConfig(vocab_size=256, hidden_size=HQ * D, intermediate_size=256, num_hidden_layers=1,
                 num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D, max_position_embeddings=512,
@@ -201,6 +204,92 @@ def test_prefill_route_by_default_is_fa3_where_it_runs(vllm_config, monkeypatch,
                        window_left=kw.get("sliding_window", 0) - 1, softcap=kw.get("logits_soft_cap", 0.0))
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     assert _counts()[(route, "", "33-64", "call")] == before + 1
+
+
+class Scales(torch.nn.Module):
+    """What vLLM's Triton attention reads from its Attention layer: unit q/k/v scales."""
+    _k_scale = torch.ones(1, device=DEV)
+    _v_scale = torch.ones(1, device=DEV)
+    _q_scale = torch.ones(1, device=DEV)
+
+
+@pytest.fixture
+def self_checked():
+    """The self-check on (``first``; ``perturb``: the kernel's outputs scaled by 1.25 when set to the op's
+    name), with no bucket checked or declined yet; off again afterwards. Returns the op's Checker."""
+    from infera_ops.attn_paged import backend
+    from infera_vllm import self_check
+
+    def configure(perturb=""):
+        for key in [k for k in coverage._self_checks if k[0] == "attn-paged"]:
+            del coverage._self_checks[key]
+        backend._check._declined.clear()
+        self_check.configure(mode="first", rate=0.0, perturb=perturb, strict=False)
+        return backend._check
+
+    yield configure
+    configure()
+    self_check.configure(mode="off", rate=0.0, perturb="", strict=False)
+
+
+def _check_entry(bucket):
+    return coverage.self_check_entry("attn-paged", bucket)
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_self_check_passes_the_kernel_as_it_is(vllm_config, monkeypatch, self_checked, kind):
+    """The first call of a bucket also runs vLLM's implementation (the parent's Triton attention; on the CPU
+    build the fp32 reference) and passes; the kernel's output is what the call returns."""
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "kernel")
+    self_checked()
+    if kind == "decode":
+        lens = [50, 1, 33, 100, 7]
+        md, kv_cache, block_table = _decode_batch(vllm_config, lens)
+        q = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV)
+        k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+        ref = paged_decode_reference(q, k, v, block_table, md.seq_lens, D ** -0.5)
+        impl, bucket = _impl(), "decode 5-8"
+    else:
+        md, kv_cache, block_table, impl, q = _prefill_case(vllm_config)
+        ref, bucket = _prefill_ref(q, kv_cache, block_table, md), "prefill 33-64"
+    out = torch.full_like(q, float("nan"))
+    before = _counts().get(("kernel", "", bucket.split()[1], "call"), 0)
+    impl.forward(Scales(), q, None, None, kv_cache, md, out)
+    assert (out.float() - ref).abs().max() < 2e-2
+    entry = _check_entry(bucket)
+    assert (entry["checked"], entry["passed"], entry["failed"]) == (1, 1, 0)
+    assert 0 < entry["max_error"] < 3e-2, entry
+    assert _counts()[("kernel", "", bucket.split()[1], "call")] == before + 1
+
+
+def test_self_check_catches_a_wrong_kernel_and_hands_the_bucket_to_vllm(vllm_config, self_checked):
+    """With the kernel's outputs perturbed, the first call of the bucket fails its check and returns vLLM's
+    result; the next call of that bucket is served by vLLM without running the kernel; both are counted as
+    fallback ``self-check-mismatch``. With the check off the same perturbation reaches the output."""
+    lens = [50, 1, 33, 100, 7]
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens)
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    impl = _impl()
+    check = self_checked(perturb="attn-paged")
+    before = _counts().get(("fallback", "self-check-mismatch", "5-8", "call"), 0)
+    for step in range(2):
+        q = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV)
+        ref = paged_decode_reference(q, k, v, block_table, md.seq_lens, D ** -0.5)
+        out = torch.full_like(q, float("nan"))
+        impl.forward(Scales(), q, None, None, kv_cache, md, out)
+        assert (out.float() - ref).abs().max() < 2e-2, step  # vLLM's answer, not 1.25 x the kernel's
+    assert check.declined("decode 5-8")
+    entry = _check_entry("decode 5-8")
+    assert (entry["checked"], entry["passed"], entry["failed"]) == (1, 0, 1) and entry["max_error"] > 0.1, entry
+    assert _counts()[("fallback", "self-check-mismatch", "5-8", "call")] == before + 2
+
+    from infera_vllm import self_check
+
+    self_check.configure(mode="off", rate=0.0, perturb="attn-paged", strict=False)
+    check._declined.clear()  # a fresh process with the check off
+    out = torch.full_like(q, float("nan"))
+    _impl().forward(Scales(), q, None, None, kv_cache, md, out)
+    assert (out.float() - 1.25 * ref).abs().max() < 4e-2  # unchecked, the wrong kernel's output goes through
 
 
 def test_kv_cache_update_writes_vllms_slots(vllm_config):

@@ -107,3 +107,47 @@ def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
     compiled_report = json.loads(subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(compiled_dir), "--json"],
                                                 capture_output=True, text=True, check=True).stdout)
     assert any(c["op"] == "linear-hipblaslt" and c["route"] == "kernel" for c in compiled_report["counts"])
+    # the self-check ran the first kernel call of each shape and bucket against vLLM's GEMM; every one agreed
+    checks = [c for c in report["self_check"] if c["op"] == "linear-hipblaslt"]
+    assert checks and all(c["failed"] == 0 and c["passed"] >= 1 for c in checks), checks
+
+
+DIRECT = r"""
+import json, torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from infera_vllm import coverage
+torch.manual_seed(0)
+x = torch.randn(3, 128, dtype=torch.bfloat16)
+w = (torch.randn(256, 128) * 0.1).to(torch.bfloat16)
+ref = torch.nn.functional.linear(x, w)
+diffs = [float((torch.ops.infera.linear(x, w, None).float() - ref.float()).abs().max()) for _ in range(2)]
+snap = coverage.snapshot()
+print("RESULT" + json.dumps({"diffs": diffs, "self_check": snap["self_check"],
+                             "counts": sorted((c["route"], c["reason"], c["count"]) for c in snap["counts"]
+                                              if c["op"] == "linear-hipblaslt")}))
+"""
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_self_check_catches_a_wrong_kernel(tmp_path, eager):
+    """A deliberately wrong kernel (INFERA_VLLM_SELF_CHECK_PERTURB scales its outputs by 1.25) behind
+    ``infera::linear``: the first call of the shape's bucket is checked and fails, returns vLLM's result,
+    and vLLM's GEMM serves the bucket from then on; both calls count as ``self-check-mismatch``. Also when
+    eager calls are handed over for launch cost (``eager=False``): the kernel a CUDA graph would bake in is
+    checked at vLLM's eager warm-up. Without the perturbation the check passes and the kernel serves."""
+    (tmp_path / "table.json").write_text(json.dumps(TABLE))
+    env = {"INFERA_VLLM_OPS": "linear-hipblaslt", "INFERA_LINEAR_TUNING": str(tmp_path / "table.json"),
+           "INFERA_LINEAR_EAGER": "1" if eager else "0"}
+    wrong = result_json(run_script(DIRECT, env={**env, "INFERA_VLLM_SELF_CHECK_PERTURB": "linear-hipblaslt"}))
+    assert wrong["diffs"] == [0.0, 0.0], wrong  # vLLM's GEMM (F.linear on the CPU build's layerless path)
+    assert wrong["counts"] == [["fallback", "self-check-mismatch", 2]], wrong
+    [check] = wrong["self_check"]
+    assert (check["bucket"], check["checked"], check["failed"]) == ("256x128 3-4", 1, 1) and check["max_error"] > 0.1
+
+    right = result_json(run_script(DIRECT, env=env))
+    [check] = right["self_check"]
+    assert (check["checked"], check["passed"]) == (1, 1) and check["max_error"] < 1.6e-2, check
+    served = ["kernel", "", 2] if eager else ["handover", "eager-launch-cost", 2]
+    assert right["counts"] == [served], right
+    assert max(right["diffs"]) < 3e-2 if eager else right["diffs"] == [0.0, 0.0], right

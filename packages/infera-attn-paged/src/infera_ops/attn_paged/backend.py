@@ -7,6 +7,12 @@ what ``TRITON_ATTN`` would have run. Every decision is counted (guard.py has the
 ``INFERA_ATTN_PAGED_PREFILL`` (guard.prefill_route) overrides the prefill route: ``kernel``, ``fa3`` or
 ``triton`` (the parent by design, ``prefill-handover``).
 
+Self-check (infera_vllm.self_check): the first eager call of each batch kind and token bucket (``decode 3-4``,
+``prefill 17-32``) also runs vLLM's implementation, the parent's forward, into a separate output and compares
+the rows the kernel wrote; a mismatch hands that bucket to the parent for the rest of the process
+(``self-check-mismatch``), the checked call included. vLLM's CPU build disables its Triton kernels, so there
+(validation only) the stand-in for the parent is the fp32 reference over the same cache views (reference.py).
+
 Registered in the ``CUSTOM`` slot (seam.py), selected with ``--attention-backend CUSTOM``. Imported only once
 the plugin's checks passed (it imports torch and vLLM).
 
@@ -21,12 +27,22 @@ import torch
 from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, TritonAttentionImpl,
                                                     TritonAttentionMetadataBuilder)
 
-from infera_ops.attn_paged import guard, ops, tuning
-from infera_vllm import coverage
+from infera_ops.attn_paged import guard, ops, reference, tuning
+from infera_ops.attn_paged.spec import SPEC
+from infera_vllm import coverage, self_check
 
 OP_NAME = "attn-paged"
 _count = coverage.CallCounts(OP_NAME, guard.HANDOVERS, guard.ROUTES)
+_check = self_check.Checker(OP_NAME, SPEC.self_check_bound)
 _FA3: list = []  # [flash_attn_varlen_func or None, reason or None], resolved once per process
+
+
+def vllm_triton_runs() -> bool:
+    """Whether vLLM's own Triton kernels run in this process (False on its CPU build, which disables them
+    because Triton has no CPU backend there): then the parent's forward can serve a call."""
+    from vllm.triton_utils import HAS_TRITON
+
+    return bool(HAS_TRITON)
 
 
 def fa3_unavailable() -> str | None:
@@ -116,6 +132,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         num_seqs, tokens = seq_lens.shape[0], attn_metadata.num_actual_tokens
         decode = guard.is_decode(attn_metadata.max_query_len, tokens, num_seqs)
         reason = self._infera_layer_decline
+        checking = False
         if reason is None:
             extras = (getattr(attn_metadata, "mm_prefix_range_tensor", None) is not None
                       or getattr(attn_metadata, "rswa_prefix_lens", None) is not None)
@@ -133,21 +150,58 @@ class InferaAttentionImpl(TritonAttentionImpl):
             if reason is None and splits > 1 and (workspace is None or not workspace.fits(
                     num_seqs, self.num_heads, self.head_size, splits)):
                 reason = "workspace"
-            _count(reason, tokens, "plan" if capturing else "call")
+            bucket = f"{'decode' if decode else 'prefill'} {coverage.bucket_of(tokens)}"
+            if reason is None and _check.declined(bucket):
+                reason = self_check.MISMATCH
+            checking = reason is None and _check.wants(bucket, capturing)
+            if not checking:  # a checked call is counted once judged
+                _count(reason, tokens, "plan" if capturing else "call")
         if reason == guard.FA3:
             return self._fa3_forward(query, kv_cache, attn_metadata, output)
+        if reason == self_check.MISMATCH:
+            return self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata, output, decode)
         if reason is not None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                    output_block_scale)
+        rows = num_seqs if decode else tokens  # the rows the kernel writes
+        theirs = None
+        if checking:
+            theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata, torch.empty_like(output),
+                                        decode)
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
         if decode:
             ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens,
-                              self.scale, output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
+                             self.scale, output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
                              softcap=self._infera_softcap, num_splits=splits, workspace=workspace)
         else:
             ops.paged_prefill(query[:tokens], key_cache, value_cache, attn_metadata.block_table, seq_lens,
                               attn_metadata.query_start_loc, self.scale, output[:tokens], sinks=self.sinks,
                               window_left=self._infera_window, softcap=self._infera_softcap)
+        _check.perturb(output[:rows])
+        if theirs is not None:  # on a mismatch the call returns vLLM's result
+            agreed = _check.judge(bucket, output[:rows], theirs[:rows], tuple(query[:rows].shape))
+            if not agreed:
+                output[:rows].copy_(theirs[:rows])
+            _count(None if agreed else self_check.MISMATCH, tokens, "call")
+        return output
+
+    def _vllm_forward(self, layer, query, key, value, kv_cache, md, output, decode: bool):
+        """vLLM's implementation of this call, into ``output``: the parent's forward (TRITON_ATTN's kernel);
+        where vLLM's Triton kernels do not run (its CPU build) the fp32 reference over the same views, in the
+        output's dtype."""
+        if vllm_triton_runs():
+            return super().forward(layer, query, key, value, kv_cache, md, output)
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        common = dict(sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap)
+        if decode:
+            n = md.seq_lens.shape[0]
+            ref = reference.paged_decode_reference(query[:n], key_cache, value_cache, md.block_table, md.seq_lens,
+                                                   self.scale, **common)
+        else:
+            n = md.num_actual_tokens
+            ref = reference.paged_prefill_reference(query[:n], key_cache, value_cache, md.block_table, md.seq_lens,
+                                                    md.query_start_loc, self.scale, **common)
+        output[:n].copy_(ref)
         return output
 
     def _fa3_forward(self, query, kv_cache, md, output):

@@ -11,6 +11,13 @@ Decisions that read only static facts (weight shape, dtypes, strides, table memb
 where Dynamo traces them as constants; the token count is read inside the custom op, on real tensors (each
 eager call, once at CUDA-graph capture), so nothing here specialises vLLM's compiled graph. Counting happens
 only outside Dynamo's tracing. Imported only once the plugin's checks passed (it imports torch and vLLM).
+
+Self-check (infera_vllm.self_check), per weight shape and token bucket (``4096x4096 3-4``): the first eager call
+of a shape the table gives the kernel also runs vLLM's GEMM on the same inputs and compares. That includes
+eager calls handed over for launch cost (``eager-launch-cost``): vLLM's warm-up runs each capture size eagerly
+before capturing it, so the kernel that a CUDA graph will bake in is checked there (that call still returns
+vLLM's result). A mismatch hands the shape's bucket to vLLM's GEMM for the rest of the process
+(``self-check-mismatch``).
 """
 
 import functools
@@ -22,14 +29,14 @@ from torch import Tensor
 from infera_ops.linear_hipblaslt import ops
 from infera_ops.linear_hipblaslt.spec import SPEC
 from infera_ops.linear_hipblaslt.table import Table
-from infera_vllm import coverage
+from infera_vllm import coverage, self_check
 from infera_vllm.switches import op_value
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 # vLLM's GEMM serves these by design (measured or unmeasured), not for lack of capability: route "handover"
 HANDOVERS = ("untuned", "above-table", "default-faster", "eager-launch-cost", "lm-head", "user-linear-backend")
 
-_state: dict = {"table": None, "count": None, "eager": False, "vllm_gemm": None}
+_state: dict = {"table": None, "count": None, "eager": False, "vllm_gemm": None, "check": None}
 
 
 def _tokens(x: Tensor) -> int:
@@ -51,9 +58,24 @@ def linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         reason = "eager-launch-cost"  # Triton's Python launch costs more host time than cuBLAS's (docs)
     else:
         reason = None
+    check: self_check.Checker = _state["check"]
+    kernel_serves = reason is None or reason == "eager-launch-cost"  # now, or once captured in a CUDA graph
+    key = f"{weight.shape[0]}x{weight.shape[1]} {coverage.bucket_of(m)}"
+    if kernel_serves and check.declined(key):
+        reason, kernel_serves = self_check.MISMATCH, False
+    if kernel_serves and check.wants(key, capturing):
+        ours = ops.skinny_linear(x, weight, bias, bucket.config)
+        check.perturb(ours)
+        theirs = _state["vllm_gemm"](None, x, weight, bias)
+        if not check.judge(key, ours, theirs, (m, weight.shape[0], weight.shape[1])):
+            reason = self_check.MISMATCH
+        _state["count"](reason, m, "call")
+        return ours if reason is None else theirs
     _state["count"](reason, m, "plan" if capturing else "call")
     if reason is None:
-        return ops.skinny_linear(x, weight, bias, bucket.config)
+        out = ops.skinny_linear(x, weight, bias, bucket.config)
+        check.perturb(out)
+        return out
     return _state["vllm_gemm"](None, x, weight, bias)
 
 
@@ -144,7 +166,7 @@ def install(op_name: str, table: Table, cpu: bool) -> None:
     if hasattr(linear_mod.dispatch_unquantized_gemm, "_infera_original"):
         return
     _state.update(table=table, count=coverage.CallCounts(op_name, HANDOVERS),
-                  eager=op_value(SPEC, "INFERA_LINEAR_EAGER"))
+                  eager=op_value(SPEC, "INFERA_LINEAR_EAGER"), check=self_check.Checker(op_name, SPEC.self_check_bound))
     vllm_gemms = [getattr(utils, name) for name in ("default_unquantized_gemm", "rocm_unquantized_gemm",
                                                      "cpu_unquantized_gemm") if hasattr(utils, name)]
     platform_default = linear_mod.dispatch_unquantized_gemm()
