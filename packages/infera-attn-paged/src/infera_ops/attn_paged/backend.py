@@ -40,9 +40,9 @@ _FA3: list = []  # [flash_attn_varlen_func or None, reason or None], resolved on
 def vllm_triton_runs() -> bool:
     """Whether vLLM's own Triton kernels run in this process (False on its CPU build, which disables them
     because Triton has no CPU backend there): then the parent's forward can serve a call."""
-    from vllm.triton_utils import HAS_TRITON
+    import vllm.triton_utils
 
-    return bool(HAS_TRITON)
+    return bool(getattr(vllm.triton_utils, "HAS_TRITON", torch.cuda.is_available()))
 
 
 def fa3_unavailable() -> str | None:
