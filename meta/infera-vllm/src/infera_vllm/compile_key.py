@@ -15,7 +15,10 @@ different graph, compiled (and cached) on its own; the same set reuses its own c
 
 from __future__ import annotations
 
+from infera_vllm import seams
+
 FACTOR = "INFERA_VLLM_COMPILED_OPS"  # not a VLLM_* name: vLLM warns about unknown VLLM_* variables
+CHANGED_BY = "infera-vllm"  # the name the factor's entry has in infera_vllm.seams
 
 _entries: dict[str, str] = {}
 
@@ -36,8 +39,8 @@ def install(entries: dict[str, str]) -> str | None:
     table = getattr(envs, "environment_variables", None)
     if not isinstance(table, dict) or not callable(getattr(envs, "compile_factors", None)):
         return "vllm.envs has no environment_variables/compile_factors: vLLM's compile cache is not keyed by infera ops"
-    if entries:
-        table[FACTOR] = value
+    if entries:  # through seams, as the ops' changes: undo_all() leaves vLLM's table as it was
+        seams.register(CHANGED_BY, envs, "environment_variables", FACTOR, lambda: table.__setitem__(FACTOR, value))
     else:
-        table.pop(FACTOR, None)  # no active op: the key is vLLM's own, caches shared with plugin-off runs
+        seams.undo(CHANGED_BY)  # no active op: the key is vLLM's own, caches shared with plugin-off runs
     return None

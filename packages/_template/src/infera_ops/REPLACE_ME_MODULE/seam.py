@@ -5,7 +5,10 @@ in serving and in ``infera-vllm doctor`` alike (a raise is an ``activate-error``
 declared in spec.py are parsed before it (a refused value is a ``bad-switch`` decline): ``ctx.switch(name)``
 here, ``infera_vllm.switches.op_value(SPEC, name)`` in code that runs later, never ``os.environ``.
 ``activate(ctx)``: called only once ``check`` passed: install the seam and return ``None``, or return a
-``Decline``. Per call, route through counters made once here: ``kernel = ctx.counter("kernel", bucket=...)``,
+``Decline``. Every change to vLLM's objects goes through ``infera_vllm.seams`` (``seams.wrap(ctx.spec.name,
+owner, "attr", make)`` for a function or method, ``seams.register(ctx.spec.name, owner, "registry", key,
+install)`` for a registry entry), so it is made once per process and can be undone. Per call, route
+through counters made once here: ``kernel = ctx.counter("kernel", bucket=...)``,
 ``fallback = ctx.counter("fallback", "dtype")``.
 """
 

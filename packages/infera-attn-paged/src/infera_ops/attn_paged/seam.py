@@ -15,6 +15,7 @@ the way in (validation only: the interpreter is orders of magnitude slower), and
 runs every attention call on the kernels.
 """
 
+from infera_vllm import seams
 from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
 
@@ -36,16 +37,22 @@ def check(ctx) -> Decline | None:
 
 def activate(ctx) -> Decline | None:
     """Installs the backend; the plugin calls it only once ``check(ctx)`` passed."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from vllm.v1.attention.backends import registry
 
     default = ctx.switch("INFERA_ATTN_PAGED_DEFAULT")
 
-    register_backend(AttentionBackendEnum.CUSTOM, BACKEND)  # idempotent: an override keyed by the slot
+    custom = registry.AttentionBackendEnum.CUSTOM
+    seams.register(ctx.spec.name, registry, "_ATTN_OVERRIDES", custom,
+                   lambda: registry.register_backend(custom, BACKEND))
     ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
     if default:
+        from vllm.platforms import current_platform
+
         from infera_ops.attn_paged import backend
 
-        backend.make_platform_default()
+        # make_platform_default wraps the platform class's method itself (once per process): recorded
+        with seams.recording(ctx.spec.name, (type(current_platform), "get_attn_backend_cls")):
+            backend.make_platform_default()
         ctx.state["note"] = "vLLM's automatic attention choice where it validates (INFERA_ATTN_PAGED_DEFAULT=1), and CUSTOM"
     return None
 

@@ -20,7 +20,7 @@ from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedM
 
 from infera_ops.moe_decode import guard, ops
 from infera_ops.moe_decode.tuning import Tuning
-from infera_vllm import coverage, self_check
+from infera_vllm import coverage, seams, self_check
 
 
 def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check: self_check.Checker,
@@ -71,15 +71,16 @@ def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check
 
 
 def install(op_name: str, tuning: Tuning, cpu: bool, bound: float) -> None:
-    """Register the out-of-tree MoE method (idempotent: a forked child already has it)."""
-    from vllm.model_executor.custom_op import op_registry_oot
+    """Register the out-of-tree MoE method through ``infera_vllm.seams`` (idempotent: a forked child already has
+    it; another plugin's method in the slot is left there)."""
+    from vllm.model_executor import custom_op
 
-    if "UnquantizedFusedMoEMethod" in op_registry_oot:
+    slot = UnquantizedFusedMoEMethod.__name__  # the key register_oot files the class under
+    if slot in custom_op.op_registry_oot:
         return
     count = coverage.CallCounts(op_name, guard.HANDOVERS)  # per-layer decisions at construction: at="plan"
     check = self_check.Checker(op_name, bound)
 
-    @UnquantizedFusedMoEMethod.register_oot
     class InferaDecodeMoEMethod(UnquantizedFusedMoEMethod):
         def __init__(self, moe):
             super().__init__(moe)
@@ -96,3 +97,6 @@ def install(op_name: str, tuning: Tuning, cpu: bool, bound: float) -> None:
                 count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
                 return
             self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=False)
+
+    seams.register(op_name, custom_op, "op_registry_oot", slot,
+                   lambda: UnquantizedFusedMoEMethod.register_oot(InferaDecodeMoEMethod))

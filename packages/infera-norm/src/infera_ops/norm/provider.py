@@ -45,7 +45,7 @@ from vllm import ir
 
 from infera_ops.norm import ops
 from infera_ops.norm.spec import SPEC
-from infera_vllm import coverage, self_check
+from infera_vllm import coverage, seams, self_check
 from infera_vllm.switches import op_value
 
 PROVIDER = "infera"
@@ -224,7 +224,8 @@ class _Counts:
 
 
 def install(op_name: str, allow_cpu: bool) -> None:
-    """Register the provider with vLLM's IR (idempotent: a forked child already has it)."""
+    """Register the provider with vLLM's IR through ``infera_vllm.seams`` (idempotent: a forked child already
+    has it)."""
     if PROVIDER in ir.ops.rms_norm.impls:
         return
     count = _Counts(op_name)
@@ -248,19 +249,24 @@ def install(op_name: str, allow_cpu: bool) -> None:
         return reason is None
 
     # vLLM requires the native signature exactly, annotations included.
-    @ir.ops.rms_norm.register_impl(PROVIDER, supports_args=rms_supports, supported=True)
     def rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
         return torch.ops.infera.rms_norm(x, weight, epsilon)
 
-    @ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=fused_supports, supported=True, inplace=True)
     def fused_add_rms_norm(x: Tensor, x_residual: Tensor, weight: Tensor | None, epsilon: float,
                            variance_size: int | None = None) -> tuple[Tensor, Tensor]:
         torch.ops.infera.fused_add_rms_norm_(x, x_residual, weight, epsilon)
         return x, x_residual
 
+    rms = ir.ops.rms_norm.register_impl(PROVIDER, supports_args=rms_supports, supported=True)
+    fused = ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supports_args=fused_supports, supported=True,
+                                                    inplace=True)
+    seams.register(op_name, ir.ops.rms_norm, "impls", PROVIDER, lambda: rms(rms_norm))
+    seams.register(op_name, ir.ops.fused_add_rms_norm, "impls", PROVIDER, lambda: fused(fused_add_rms_norm))
 
-def put_first_in_default_priority() -> None:
-    """Make ``infera`` the first provider of both ops in the platform's default priority.
+
+def put_first_in_default_priority(op_name: str) -> None:
+    """Make ``infera`` the first provider of both ops in the platform's default priority (the platform class's
+    ``get_default_ir_op_priority`` wrapped through ``infera_vllm.seams``, once per process).
 
     vLLM appends the platform defaults after a user's ``--ir-op-priority``, so an explicit user choice
     still wins. Only done when the user named the op in INFERA_VLLM_OPS: end to end, Inductor's fused
@@ -268,17 +274,14 @@ def put_first_in_default_priority() -> None:
     """
     from vllm.platforms import current_platform
 
-    cls = type(current_platform)
-    original = cls.get_default_ir_op_priority
-    if getattr(original, "_infera_first", False):
-        return
+    def first(original):
+        def get_default_ir_op_priority(klass, vllm_config):
+            priority = original.__func__(klass, vllm_config)
+            for field in ("rms_norm", "fused_add_rms_norm"):
+                current = [p for p in getattr(priority, field) if p != PROVIDER]
+                setattr(priority, field, [PROVIDER, *current])
+            return priority
 
-    def get_default_ir_op_priority(klass, vllm_config):
-        priority = original.__func__(klass, vllm_config)
-        for field in ("rms_norm", "fused_add_rms_norm"):
-            current = [p for p in getattr(priority, field) if p != PROVIDER]
-            setattr(priority, field, [PROVIDER, *current])
-        return priority
+        return classmethod(get_default_ir_op_priority)
 
-    get_default_ir_op_priority._infera_first = True
-    cls.get_default_ir_op_priority = classmethod(get_default_ir_op_priority)
+    seams.wrap(op_name, type(current_platform), "get_default_ir_op_priority", first)

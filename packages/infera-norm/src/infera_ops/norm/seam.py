@@ -29,7 +29,7 @@ def activate(ctx) -> Decline | None:
     named = ctx.switches.requested_explicitly(ctx.spec.name)
     validated = ctx.env.gpu_family in FIRST_BY_DEFAULT
     if named or validated:
-        provider.put_first_in_default_priority()
+        provider.put_first_in_default_priority(ctx.spec.name)
         why = "named in INFERA_VLLM_OPS" if named else f"measured on {ctx.env.gpu_family}"
         ctx.state["note"] = f"first in the default IR priority ({why})"
     else:
