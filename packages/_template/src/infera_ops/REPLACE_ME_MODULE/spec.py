@@ -6,7 +6,7 @@ SPEC = OpSpec(
     name="REPLACE_ME_OP",
     distribution="infera-REPLACE_ME_OP",
     seam="REPLACE_ME: where it plugs into vLLM (one line, shown in logs and doctor)",
-    vllm=">=0.24,<0.33",  # the releases whose seam you checked (../shared/notes/vllm-seams.md)
+    vllm=">=0.24,<0.33",  # the releases whose seam you checked (docs/vllm-seams.md)
     requires=(
         # every vLLM symbol the seam touches; params= the parameter names you pass; vllm= if it moved
         Symbol("vllm.REPLACE_ME.module", "REPLACE_ME_attr", params=()),
