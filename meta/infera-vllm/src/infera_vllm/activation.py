@@ -33,13 +33,15 @@ NEEDS_ATTENTION = {Reason.BAD_SWITCH.value, Reason.ACTIVATE_ERROR.value, Reason.
 @dataclass
 class OpContext:
     """What an op's ``check(ctx)`` and ``activate(ctx)`` get: its spec, the environment, the plugin's switches,
-    the op's own switch values (parsed from ``spec.switches`` before ``check``), and counters."""
+    the op's own switch values (parsed from ``spec.switches`` before ``check``), and counters; and what
+    ``activate`` sets for the plugin: ``note`` and ``compile_key`` (see :class:`Verdict`)."""
 
     spec: OpSpec
     env: compat.Environment
     switches: Switches
     values: dict[str, object] = field(default_factory=dict)  # switch name -> parsed value (op_values)
-    state: dict[str, object] = field(default_factory=dict)  # the op may keep handles here
+    note: str = ""
+    compile_key: str = ""
 
     def switch(self, name: str):
         """The parsed value of one of the op's declared switches (``ctx.switch("INFERA_NORM_PER_HEAD_KERNEL")``)."""
@@ -51,10 +53,6 @@ class OpContext:
     def counter(self, route: str, reason: str = "", bucket: str = "", at: str = "call"):
         return coverage.counter(self.spec.name, route, reason, bucket, at)
 
-    @staticmethod
-    def decline(code: str, detail: str = "") -> Decline:
-        return Decline(code, detail)
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -63,8 +61,8 @@ class Verdict:
     version: str
     seam: str
     decline: Decline | None
-    note: str = ""  # what the op's activate() left in ctx.state["note"], e.g. how it was installed
-    compile_key: str = ""  # what its seam bakes into compiled graphs (ctx.state["compile_key"]), see compile_key.py
+    note: str = ""  # how activate() installed the op (ctx.note): the startup line and the report show it
+    compile_key: str = ""  # what its seam bakes into compiled graphs (ctx.compile_key), see compile_key.py
 
     @property
     def active(self) -> bool:
@@ -109,8 +107,7 @@ def evaluate(found: discovery.Found, env: compat.Environment, switches: Switches
                     decline = activate(ctx)
             except Exception as exc:
                 decline = Decline(Reason.ACTIVATE_ERROR, f"{type(exc).__name__}: {exc}")
-    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline, str(ctx.state.get("note", "")),
-                   str(ctx.state.get("compile_key", "")))
+    return Verdict(spec.name, found.distribution, found.version, spec.seam, decline, ctx.note, ctx.compile_key)
 
 
 def evaluate_isolated(found: discovery.Found, env: compat.Environment, switches: Switches, *,

@@ -9,7 +9,7 @@ vLLM loads that graph, and the op never runs, with nothing in the log. Measured 
 torch 2.11): a plugin-on run after a plugin-off one counted no call of the patched linear layers.
 
 So each process adds one entry to that table: every active op with its version and whatever its seam bakes
-into the graph (``ctx.state["compile_key"]``, e.g. a tuning table's digest). A different set of active ops is a
+into the graph (``ctx.compile_key``, e.g. a tuning table's digest). A different set of active ops is a
 different graph, compiled (and cached) on its own; the same set reuses its own cache.
 """
 

@@ -18,5 +18,5 @@ def activate_switches(ctx):
     from infera_vllm.switches import op_value
 
     assert all(op_value(ctx.spec, name) == value for name, value in ctx.values.items())
-    ctx.state["note"] = ", ".join(f"{name}={ctx.switch(name)!r}" for name in ctx.values)
+    ctx.note = ", ".join(f"{name}={ctx.switch(name)!r}" for name in ctx.values)
     return None

@@ -7,7 +7,9 @@ here, ``infera_vllm.switches.op_value(SPEC, name)`` in code that runs later, nev
 ``activate(ctx)``: called only once ``check`` passed: install the seam and return ``None``, or return a
 ``Decline``. Every change to vLLM's objects goes through ``infera_vllm.seams`` (``seams.wrap(ctx.spec.name,
 owner, "attr", make)`` for a function or method, ``seams.register(ctx.spec.name, owner, "registry", key,
-install)`` for a registry entry), so it is made once per process and can be undone. Per call, route
+install)`` for a registry entry), so it is made once per process and can be undone. ``ctx.note``: one
+line on how it was installed (the startup log and the report show it); ``ctx.compile_key``: what the seam
+bakes into torch.compile graphs beyond the op's version (a tuning table's digest), if anything. Per call, route
 through counters made once here: ``kernel = ctx.counter("kernel", bucket=...)``,
 ``fallback = ctx.counter("fallback", "dtype")``.
 """

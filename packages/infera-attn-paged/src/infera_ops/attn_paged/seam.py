@@ -44,7 +44,7 @@ def activate(ctx) -> Decline | None:
     custom = registry.AttentionBackendEnum.CUSTOM
     seams.register(ctx.spec.name, registry, "_ATTN_OVERRIDES", custom,
                    lambda: registry.register_backend(custom, BACKEND))
-    ctx.state["note"] = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
+    ctx.note = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
     if default:
         from vllm.platforms import current_platform
 
@@ -53,7 +53,7 @@ def activate(ctx) -> Decline | None:
         # make_platform_default wraps the platform class's method itself (once per process): recorded
         with seams.recording(ctx.spec.name, (type(current_platform), "get_attn_backend_cls")):
             backend.make_platform_default()
-        ctx.state["note"] = "vLLM's automatic attention choice where it validates (INFERA_ATTN_PAGED_DEFAULT=1), and CUSTOM"
+        ctx.note = "vLLM's automatic attention choice where it validates (INFERA_ATTN_PAGED_DEFAULT=1), and CUSTOM"
     return None
 
 

@@ -39,9 +39,9 @@ def activate(ctx) -> Decline | None:
     # gemm.install wraps both modules' dispatch itself (once per process): recorded
     with seams.recording(ctx.spec.name, (linear, "dispatch_unquantized_gemm"), (vocab, "dispatch_unquantized_gemm")):
         gemm.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu")
-    ctx.state["note"] = f"{len(found)} tuned shapes ({found.source})"
+    ctx.note = f"{len(found)} tuned shapes ({found.source})"
     # which shapes go to infera::linear is decided while Dynamo traces: another table is another graph
-    ctx.state["compile_key"] = found.digest()
+    ctx.compile_key = found.digest()
     return None
 
 

@@ -40,5 +40,5 @@ def activate(ctx) -> Decline | None:
     from infera_ops.moe_decode import experts
 
     experts.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu", bound=ctx.spec.self_check_bound)
-    ctx.state["note"] = f"serves up to {found.largest_served} tokens ({found.source})"
+    ctx.note = f"serves up to {found.largest_served} tokens ({found.source})"
     return None

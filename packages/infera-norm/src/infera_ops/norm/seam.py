@@ -25,13 +25,13 @@ def activate(ctx) -> Decline | None:
 
     provider.install(ctx.spec.name, allow_cpu=ctx.env.gpu_family == "cpu")
     # what the provider bakes into compiled graphs beyond its version: vLLM's compile cache keys on it
-    ctx.state["compile_key"] = "per-head:" + ("kernel" if ctx.switch("INFERA_NORM_PER_HEAD_KERNEL") else "vllm")
+    ctx.compile_key = "per-head:" + ("kernel" if ctx.switch("INFERA_NORM_PER_HEAD_KERNEL") else "vllm")
     named = ctx.switches.requested_explicitly(ctx.spec.name)
     validated = ctx.env.gpu_family in FIRST_BY_DEFAULT
     if named or validated:
         provider.put_first_in_default_priority(ctx.spec.name)
         why = "named in INFERA_VLLM_OPS" if named else f"measured on {ctx.env.gpu_family}"
-        ctx.state["note"] = f"first in the default IR priority ({why})"
+        ctx.note = f"first in the default IR priority ({why})"
     else:
-        ctx.state["note"] = "registered, default priority unchanged"
+        ctx.note = "registered, default priority unchanged"
     return None
