@@ -17,7 +17,6 @@ on that family (every launch spills there): such layers stay on vLLM's attention
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
 
 from infera_ops.attn_paged.spec import SPEC
@@ -65,8 +64,8 @@ def _cuda_family(index) -> str:
 
 
 def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
+    doc = tuning_files.document(text, source, TuningError)
     try:
-        doc = json.loads(text)
         entries = doc["decode"]
         decode = {int(size): DecodeSettings(**{k: v for k, v in entry.items() if k != "measured"})
                   for size, entry in entries.items()}
@@ -87,11 +86,9 @@ def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int,
 def _table(family: str, override: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
     """(decode, prefill, declined head sizes) by head size, cached per (family, switch value): the hot path
     reads the file once."""
-    try:
-        found = tuning_files.read("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING", override)
-    except tuning_files.TuningFileError as exc:
-        raise TuningError(str(exc)) from exc
-    return _parse(*found) if found else ({}, {}, {})
+    found = tuning_files.load("infera_ops.attn_paged", family, "INFERA_ATTN_PAGED_TUNING", override, _parse,
+                              TuningError)
+    return found or ({}, {}, {})
 
 
 def load(family: str) -> dict[int, DecodeSettings]:

@@ -16,7 +16,6 @@ skinny-M kernel with ``config``) or ``default`` (measured: nothing beat vLLM's G
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from infera_ops.linear_hipblaslt.kernels import LaunchConfig
@@ -67,10 +66,7 @@ class Table:
 
 
 def parse(text: str, source: str) -> Table:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TableError(f"{source}: not JSON ({exc})") from exc
+    doc = tuning_files.document(text, source, TableError)
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise TableError(f"{source}: needs an 'entries' list")
     entries = {}
@@ -96,9 +92,5 @@ def parse(text: str, source: str) -> Table:
 
 def load(family: str) -> Table | None:
     """The family's table (None: no file, not tuned)."""
-    try:
-        found = tuning_files.read("infera_ops.linear_hipblaslt", family, "INFERA_LINEAR_TUNING",
-                                  op_value(SPEC, "INFERA_LINEAR_TUNING"))
-    except tuning_files.TuningFileError as exc:
-        raise TableError(str(exc)) from exc
-    return parse(*found) if found else None
+    return tuning_files.load("infera_ops.linear_hipblaslt", family, "INFERA_LINEAR_TUNING",
+                             op_value(SPEC, "INFERA_LINEAR_TUNING"), parse, TableError)

@@ -17,12 +17,11 @@ maps an upper token bound to the blocks used up to it (the smallest bound >= M w
 rest.
 """
 
-import json
 from dataclasses import dataclass, field
-from importlib import resources
 
 from infera_ops.moe_decode.kernels import LaunchConfig
 from infera_ops.moe_decode.spec import SPEC
+from infera_vllm import tuning_files
 from infera_vllm.switches import SwitchError, op_value
 
 
@@ -83,30 +82,18 @@ def default_config(family: str, form: str = "split") -> LaunchConfig:
     return LaunchConfig(form=form, num_stages=2 if family.startswith("gfx") else 3)
 
 
-def _read(path_or_text: str, source: str) -> dict:
-    try:
-        doc = json.loads(path_or_text)
-    except json.JSONDecodeError as exc:
-        raise TuningError(f"{source}: not JSON ({exc})") from exc
+def _read(text: str, source: str) -> tuple[dict, str]:
+    doc = tuning_files.document(text, source, TuningError)
     if not isinstance(doc, dict) or not isinstance(doc.get("max_tokens"), int) or doc["max_tokens"] < 0:
         raise TuningError(f"{source}: needs an integer 'max_tokens' >= 0")
-    return doc
+    return doc, source
 
 
 def load(family: str) -> Tuning | None:
     """The family's tuning (None: not tuned and no threshold given)."""
-    doc, source = None, None
-    override = _switch("INFERA_MOE_DECODE_TUNING")
-    if override:
-        try:
-            with open(override) as f:
-                doc, source = _read(f.read(), override), override
-        except OSError as exc:
-            raise TuningError(f"INFERA_MOE_DECODE_TUNING={override!r}: {exc.strerror}") from exc
-    else:
-        packaged = resources.files("infera_ops.moe_decode").joinpath("tuning", f"{family}.json")
-        if packaged.is_file():
-            doc, source = _read(packaged.read_text(), f"tuning/{family}.json"), f"tuning/{family}.json"
+    found = tuning_files.load("infera_ops.moe_decode", family, "INFERA_MOE_DECODE_TUNING",
+                              _switch("INFERA_MOE_DECODE_TUNING"), _read, TuningError)
+    doc, source = found or (None, None)
     threshold = _switch("INFERA_MOE_DECODE_MAX_TOKENS")  # None: not set
     if doc is None and threshold is None:
         return None
