@@ -1,4 +1,4 @@
-"""``infera-vllm`` command line: ``doctor``, ``report`` and ``tune`` (``harness`` for validation runs)."""
+"""``infera-vllm`` command line: ``doctor``, ``report``, ``tune`` and ``validate``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["validate"]:  # its own parser (infera_vllm.validate), options before the models included
+        from infera_vllm import validate
+
+        return validate.main(argv[1:])
     parser = argparse.ArgumentParser(prog="infera-vllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="versions, GPU family, every installed op's verdict, the switches")
@@ -19,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     tun = sub.add_parser("tune", help="run an installed op's offline tuner: tune OP ARGS... (OP's --help says more)")
     tun.add_argument("op")
     tun.add_argument("args", nargs=argparse.REMAINDER)
+    sub.add_parser("validate", help="per model: each op's speed and agreement against the plugin off, and a "
+                                    "verdict (validate --help says more)")
     args = parser.parse_args(argv)
 
     if args.command == "tune":

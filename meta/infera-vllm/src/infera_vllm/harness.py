@@ -141,10 +141,13 @@ def _spawn(cfg: RunConfig, report_dir: str) -> dict:
         return json.load(f)
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+_median = median
 
 
 def compare_runs(configs: list[RunConfig], work_dir: str, rounds: int = 1) -> dict:

