@@ -162,6 +162,11 @@ def activate_all(switches: Switches) -> list[Verdict]:
                          perturb=switches.self_check_perturb, strict=switches.strict)
     log.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
                 "strict mode" if switches.strict else "loading ops", env.gpu_family, env.vllm, directory)
+    if env.gpu_family == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        # the kernels' CPU validation: Triton's interpreter rounds bf16 results as GPUs do (triton_dot)
+        from infera_vllm import triton_dot
+
+        triton_dot.round_bf16_like_gpus()
     verdicts = [evaluate_isolated(f, env, switches, install=True) for f in discovery.discover()]
     installed = {v.name for v in verdicts}
     for name in sorted((switches.allow or frozenset()) - installed - switches.exclude):

@@ -132,4 +132,3 @@ class OpSpec:
     tune: str | None = None
     switches: tuple[Switch, ...] = ()
     self_check_bound: float = 0.0
-    summary: str = field(default="", compare=False)

@@ -1,5 +1,5 @@
-"""The one Triton helper several op wheels' kernels share (imported by kernels only, never on the plugin's
-import path: it imports triton)."""
+"""The Triton helpers several op wheels' kernels share (imported by kernels, and by the plugin only under
+Triton's interpreter, never on its import path: it imports triton)."""
 
 import functools
 import os
@@ -41,3 +41,47 @@ def _pdl_on_cuda_device(index) -> bool:
     except ImportError:
         return False
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def round_bf16_like_gpus() -> bool:
+    """Under Triton's interpreter (``TRITON_INTERPRET=1``, the kernels' CPU validation), make its fp32 -> bf16
+    conversion round to nearest even, as GPUs and torch do. Triton's interpreter truncates there
+    (``InterpreterBuilder.cast_impl`` passes no rounding mode; its explicit ``rtne`` path drops the carry into
+    the exponent): measured with Triton 3.9, half of random values convert differently from torch and all of
+    them equal truncation. Truncation pulls every bf16 result towards zero by half a unit on average, a bias
+    that compounds over a model's layers, so without this a kernel agrees less with vLLM's CPU kernels under
+    the interpreter than on a GPU. Replaces those two conversions once per process (NaN stays NaN); returns
+    whether the interpreter is in use."""
+    if not fp32_dot():
+        return False
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.cast_impl, "_infera_rne", False):
+        return True
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+
+    def to_bf16(src, dst_type):
+        values = np.ascontiguousarray(src.data, dtype=np.float32)
+        bits = values.view(np.uint32)
+        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x40)
+        data = np.where(np.isnan(values), quiet_nan, rounded).astype(np.uint16)
+        return interpreter.TensorHandle(data, dst_type.scalar)
+
+    def rounding_cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return to_bf16(src, dst_type)
+        return cast_impl(self, src, dst_type)
+
+    def rounding_fp_to_fp(self, src, dst_type, rounding_mode):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16 and rounding_mode != \
+                interpreter._ir.ROUNDING_MODE.RTZ:
+            return to_bf16(src, dst_type)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    rounding_cast._infera_rne = True
+    builder.cast_impl = rounding_cast
+    builder.create_fp_to_fp = rounding_fp_to_fp
+    return True

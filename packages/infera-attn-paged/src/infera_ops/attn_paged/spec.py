@@ -9,7 +9,6 @@ SPEC = OpSpec(
     name="attn-paged",
     distribution="infera-attn-paged",
     seam="attention backend in vLLM's registry (CUSTOM slot), subclassing TRITON_ATTN",
-    summary="split-KV paged decode + ragged prefill attention (Triton)",
     vllm=">=0.24,<0.33",
     requires=(
         Symbol(_REGISTRY, "register_backend", params=("backend", "class_path")),

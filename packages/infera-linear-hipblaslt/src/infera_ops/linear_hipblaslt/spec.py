@@ -6,7 +6,6 @@ SPEC = OpSpec(
     name="linear-hipblaslt",
     distribution="infera-linear-hipblaslt",
     seam="vllm.model_executor.layers.linear.dispatch_unquantized_gemm (wrapped before the model is built)",
-    summary="unquantized GEMM per (shape, token bucket) from a per-GPU-family tuning table: vLLM's or a skinny-M Triton kernel",
     vllm=">=0.24,<0.33",
     requires=(
         Symbol("vllm.model_executor.layers.linear", "dispatch_unquantized_gemm"),

@@ -6,7 +6,6 @@ SPEC = OpSpec(
     name="moe-decode",
     distribution="infera-moe-decode",
     seam="out-of-tree UnquantizedFusedMoEMethod whose experts subclass vLLM's (TritonExperts on GPUs)",
-    summary="SwiGLU experts for M <= 16 tokens (Triton GEMV, fused router weight and top-k reduction)",
     vllm=">=0.24,<0.33",
     requires=(
         Symbol("vllm.model_executor.layers.fused_moe", "UnquantizedFusedMoEMethod.register_oot"),

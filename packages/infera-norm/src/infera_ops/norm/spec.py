@@ -9,7 +9,6 @@ SPEC = OpSpec(
     distribution="infera-norm",
     seam="vLLM IR provider 'infera' for rms_norm and fused_add_rms_norm (first in the default priority "
          "when named in INFERA_VLLM_OPS; else select it with --ir-op-priority)",
-    summary="RMSNorm and fused add+RMSNorm (Triton, fp32 accumulation)",
     vllm=">=0.24,<0.33",  # vllm.ir appeared in 0.24; 0.26 and 0.32 are the releases we run
     requires=(
         Symbol("vllm.ir.ops", "rms_norm.register_impl", params=_IR_PARAMS),
