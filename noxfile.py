@@ -1,7 +1,8 @@
-"""Sessions: ``tests`` (per GPU family), ``demo``, ``wheels``.
+"""Sessions: ``tests`` (per GPU family), ``lint``, ``demo``, ``wheels``.
 
     python3 -m pip install nox && nox -s tests    # every family; one whose GPU is absent compiles its kernels
     python3 -m pip install nox && nox -s demo     # serve SmolLM2 with every op wheel, print the coverage report
+    nox -s lint                                   # ruff (ruff.toml): pyflakes, pycodestyle at 120 columns, imports
     nox -s wheels                                 # every wheel into dist/
 
 Packages are discovered by glob (``packages/infera-*``): adding an operator needs no edit here.
@@ -141,6 +142,16 @@ def tests(session: nox.Session, gpu: str) -> None:
     else:
         session.run(*run, *(["-m", markers] if markers else []),
                     env={"INFERA_GPU_FAMILY": gpu, "INFERA_AOT_FAMILY": gpu})
+
+
+RUFF = "ruff==0.17.6"
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository (ruff.toml)."""
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
 
 
 @nox.session

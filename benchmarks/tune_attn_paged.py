@@ -29,10 +29,9 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_attn_paged as bench  # noqa: E402
 import torch  # noqa: E402
 from _results import describe_machine, results_dir, write_json  # noqa: E402
-
-import bench_attn_paged as bench  # noqa: E402
 
 PROGRAMS_PER_SM = (4, 8, 16, 32, 64)
 SPLIT_KEYS = (64, 128, 256, 512)

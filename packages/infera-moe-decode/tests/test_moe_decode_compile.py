@@ -20,8 +20,15 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import triton  # noqa: E402
 
 from infera_ops.moe_decode import ops, tuning  # noqa: E402
-from infera_ops.moe_decode.kernels import (LaunchConfig, _moe_down_kernel, _moe_fused_kernel,  # noqa: E402
-                                           _moe_gate_up_kernel, _row_sum_kernel, block_m, block_mk)
+from infera_ops.moe_decode.kernels import (  # noqa: E402
+    LaunchConfig,
+    _moe_down_kernel,
+    _moe_fused_kernel,
+    _moe_gate_up_kernel,
+    _row_sum_kernel,
+    block_m,
+    block_mk,
+)
 from infera_vllm import aot  # noqa: E402
 
 pytestmark = pytest.mark.aot_compile

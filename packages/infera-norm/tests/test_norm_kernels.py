@@ -8,7 +8,6 @@ import torch
 
 from infera_ops.norm.reference import fused_add_rms_norm_reference, rms_norm_reference
 
-
 # On the CPU the kernels run under Triton's interpreter, which must be on before triton is first imported
 # (its own tl.* helpers are @jit functions): nox runs this marker in its own pytest with TRITON_INTERPRET=1.
 pytestmark = pytest.mark.interpret

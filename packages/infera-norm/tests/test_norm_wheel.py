@@ -1,6 +1,7 @@
 import os
 
 import torch
+
 from infera_ops.norm.spec import SPEC
 from infera_vllm.testing import OpWheelContract
 

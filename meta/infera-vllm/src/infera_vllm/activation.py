@@ -16,10 +16,9 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from infera_vllm import compile_key, compat, coverage, discovery, log, self_check
+from infera_vllm import compat, compile_key, coverage, discovery, log, self_check
 from infera_vllm.spec import Decline, OpSpec, Reason
 from infera_vllm.switches import SwitchError, Switches, op_values
-
 
 # Declines that are the user's own choice, not a failure: strict mode does not turn them into errors.
 CHOSEN = {Reason.DISABLED.value, Reason.EXCLUDED.value, Reason.NOT_REQUESTED.value}

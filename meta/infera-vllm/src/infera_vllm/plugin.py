@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-
 _registered_pid: int | None = None
 
 

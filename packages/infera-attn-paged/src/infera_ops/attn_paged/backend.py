@@ -24,8 +24,11 @@ as ``(num_blocks, Hkv, block_size, 2·D)`` (K and V packed along the last dim). 
 from __future__ import annotations
 
 import torch
-from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend, TritonAttentionImpl,
-                                                    TritonAttentionMetadataBuilder)
+from vllm.v1.attention.backends.triton_attn import (
+    TritonAttentionBackend,
+    TritonAttentionImpl,
+    TritonAttentionMetadataBuilder,
+)
 
 from infera_ops.attn_paged import guard, ops, reference, tuning
 from infera_ops.attn_paged.spec import SPEC

@@ -8,8 +8,15 @@ captured), grid sizes from shapes only.
 import torch
 import triton
 
-from infera_ops.moe_decode.kernels import (LaunchConfig, _moe_down_kernel, _moe_fused_kernel, _moe_gate_up_kernel,
-                                           _row_sum_kernel, block_m, block_mk)
+from infera_ops.moe_decode.kernels import (
+    LaunchConfig,
+    _moe_down_kernel,
+    _moe_fused_kernel,
+    _moe_gate_up_kernel,
+    _row_sum_kernel,
+    block_m,
+    block_mk,
+)
 from infera_vllm import triton_dot
 
 SUM_BLOCK_N = 32  # the row sum reads M·R·H fp32 from L2: many small programs, few steps each
