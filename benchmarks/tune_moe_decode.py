@@ -2,17 +2,21 @@
 
 1. profile: vLLM's ``fused_experts`` (Triton) at M in TOKENS for every dims in bench_moe_decode.DIMS,
    CUDA-graph replays with a cold L2 (bench_moe_decode.Case);
-2. tune, per M and per form (split; fused up to FUSED_UP_TO tokens): coordinate descent over the launch
-   parameters (SPLIT_SPACE, FUSED_SPACE: each parameter swept in turn with the others at their best so far,
+2. tune, per M and per form (split, persistent; fused up to FUSED_UP_TO tokens; ``--forms`` picks them):
+   coordinate descent over the launch parameters (SPLIT_SPACE, FUSED_SPACE, PERSISTENT_SPACE: each parameter
+   swept in turn with the others at their best so far,
    PASSES times; the sweep order puts the largest effects first), "best" =
    the highest geometric mean of the speedup over vLLM across the dims (one file serves every model: the
    ``min_programs`` rule fits BLOCK_I to each model's expert size); candidates with a wrong answer excluded;
+   ``--baseline FILE`` adds that tuning file's launch for each M as one more candidate (a re-tune of one form
+   keeps what the others had won);
 3. write ``tuning/<family>.json``: ``by_tokens`` = each M's best launch; ``served`` = per dims the M at which
    the tuned kernel is at least MIN_SPEEDUP x vLLM (so a serving call is never slower); ``max_tokens`` (for
    expert shapes not measured here) = the largest M up to which every dims is served;
 4. re-profile through the written file's own lookup on fresh inputs; table + JSON under results/<gpu>/.
 
-    python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--out DIR]
+    python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent]
+                                         [--baseline tuning.json] [--out DIR]
 
 The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_DECODE_TUNING.
 """
@@ -43,6 +47,11 @@ FUSED_START = dict(form="fused", block_i=64, block_h=128, block_n=128, num_warps
                    pdl=False)
 FUSED_SPACE = {"pdl": (False, True), "block_i": (32, 64, 128), "block_h": (64, 128), "num_stages": (2, 3, 4),
                "block_n": (64, 128), "min_programs": (0, 264)}
+PERSISTENT_START = dict(form="persistent", block_i=32, block_h=128, block_n=64, block_k=128, num_warps=4,
+                        num_stages=4, min_programs=0, pdl=False)
+PERSISTENT_SPACE = {"block_i": (16, 32, 64), "num_warps": (4, 8), "num_stages": (3, 4), "block_n": (64, 128),
+                    "block_h": (128, 256), "block_k": (128, 256), "pdl": (False, True)}
+FORMS = ("split", "fused", "persistent")
 
 
 class Scorer:
@@ -84,7 +93,7 @@ def descend(score, start: dict, space: dict) -> dict:
     return best
 
 
-def tune(tokens, write: bool, out: str) -> dict:
+def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None) -> dict:
     from infera_ops.moe_decode import tuning
     from infera_vllm.platform import detect_gpu_family
 
@@ -93,20 +102,28 @@ def tune(tokens, write: bool, out: str) -> dict:
     gen = torch.Generator().manual_seed(0)
     weights = {d: make_weights(d) for d in DIMS}
     rows, by_tokens, served = [], {}, {d: [] for d in DIMS}
+    base = None
+    if baseline:
+        os.environ["INFERA_MOE_DECODE_TUNING"] = baseline
+        base = tuning.load(family)
     for M in tokens:
         score = Scorer(weights, M, gen)
-        split = descend(score, SPLIT_START, SPLIT_SPACE)
-        fused = descend(score, FUSED_START, FUSED_SPACE) if M <= FUSED_UP_TO else None
-        best = max(filter(None, (fused, split)), key=lambda p: score(p)[0])
+        split = descend(score, SPLIT_START, SPLIT_SPACE) if "split" in forms else None
+        fused = descend(score, FUSED_START, FUSED_SPACE) if "fused" in forms and M <= FUSED_UP_TO else None
+        persistent = descend(score, PERSISTENT_START, PERSISTENT_SPACE) if "persistent" in forms else None
+        kept = base.config_for(M).as_dict() if base else None
+        best = max(filter(None, (fused, split, persistent, kept)), key=lambda p: score(p)[0])
         gm, times = score(best)
         by_tokens[str(M)] = best
         for case, v, t in zip(score.cases, score.vllm_us, times):
             i = score.cases.index(case)
+            bests = {f"{name}_best_us": score(p)[1][i] if p else None
+                     for name, p in (("split", split), ("fused", fused), ("persistent", persistent),
+                                     ("baseline", kept))}
             rows.append({"dims": case.dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": best,
-                         "split_best_us": score(split)[1][i], "fused_best_us": score(fused)[1][i] if fused else None})
-            print(f"M={M:<3} {case.dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} "
-                  f"(best split {rows[-1]['split_best_us']:.1f}, fused {rows[-1]['fused_best_us'] or float('nan'):.1f})",
-                  flush=True)
+                         **bests})
+            print(f"M={M:<3} {case.dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("
+                  + ", ".join(f"{k[:-8]} {u:.1f}" for k, u in bests.items() if u is not None) + ")", flush=True)
         print(f"M={M:<3} geomean x{gm:.3f} over {len(score.seen)} candidates: {best}", flush=True)
     for row in rows:
         if row["speedup"] >= MIN_SPEEDUP:
@@ -147,11 +164,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="update the package's tuning/<family>.json")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
+    parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated forms to tune")
+    parser.add_argument("--baseline", default=None, help="a tuning file whose launch per M is one more candidate")
     parser.add_argument("--out", default=None, help="results directory (default results/<gpu>/)")
     args = parser.parse_args()
     machine = describe_machine()
     out = args.out or results_dir(machine)
-    result = tune(tuple(int(t) for t in args.tokens.split(",")), args.write, out)
+    forms = tuple(args.forms.split(","))
+    if not set(forms) <= set(FORMS):
+        parser.error(f"--forms: expected some of {', '.join(FORMS)}")
+    result = tune(tuple(int(t) for t in args.tokens.split(",")), args.write, out, forms, args.baseline)
     path = write_json(out, "tune_moe_decode", {"benchmark": "tune_moe_decode", "machine": machine, **result})
     print(f"wrote {path}")
     return 0

@@ -3,8 +3,8 @@ there, without spilling (infera_vllm.aot: Triton's lowering and the backend's re
 of time, no GPU needed). Launches are not checked here.
 
 Launches: each entry of the family's packaged tuning file (sm90), else the family's defaults
-(``tuning.default_config``, in both forms: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on a family without
-a file). ``INFERA_AOT_FAMILY``
+(``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on a family without
+a file); the persistent form at the defaults too where the file has no persistent entry. ``INFERA_AOT_FAMILY``
 picks the families (the nox session of a family sets its own); unset: all of them.
 """
 
@@ -25,6 +25,7 @@ from infera_ops.moe_decode.kernels import (  # noqa: E402
     _moe_down_kernel,
     _moe_fused_kernel,
     _moe_gate_up_kernel,
+    _moe_persistent_kernel,
     _row_sum_kernel,
     block_m,
     block_mk,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.aot_compile
 
 POINTERS = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "topk_ids_ptr": "*i32",
             "topk_weights_ptr": "*fp32", "part_ptr": "*fp32", "act_ptr": "*bf16", "y_ptr": "*fp32",
-            "rows_ptr": "*fp32", "out_ptr": "*bf16"}
+            "rows_ptr": "*fp32", "out_ptr": "*bf16", "sync_ptr": "*i32"}
 DIVISIBLE = {"H", "I"}  # every model's hidden and expert sizes are multiples of 16, as Triton sees at launch
 TOKENS = 16  # the largest decode call the op serves: BLOCK_M 16, BLOCK_MK 128 (top-8)
 
@@ -44,9 +45,12 @@ def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
     packaged = resources.files("infera_ops.moe_decode").joinpath("tuning", f"{family}.json")
     if packaged.is_file():
         doc = json.loads(packaged.read_text())
-        return [(f"M<={bound}", LaunchConfig(**cfg)) for bound, cfg in sorted(doc["by_tokens"].items(),
-                                                                               key=lambda kv: int(kv[0]))]
-    return [(f"defaults {form}", tuning.default_config(family, form)) for form in ("split", "fused")]
+        launches = [(f"M<={bound}", LaunchConfig(**cfg)) for bound, cfg in sorted(doc["by_tokens"].items(),
+                                                                                   key=lambda kv: int(kv[0]))]
+        if all(cfg.form != "persistent" for _, cfg in launches):
+            launches.append(("defaults persistent", tuning.default_config(family, "persistent")))
+        return launches
+    return [(f"defaults {form}", tuning.default_config(family, form)) for form in ("split", "fused", "persistent")]
 
 
 # (family, case label) -> why a configuration the op launches spills; strict xfails: a fix turns them into failures
@@ -69,6 +73,11 @@ def compile_cases(family: str) -> list[aot.Case]:
             cases.append(aot.Case(_moe_fused_kernel, f"fused {label}", launch, dict(common, constexprs=dict(
                 tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, USE_PDL=pdl)),
                 known_misfit=KNOWN_MISFITS.get((family, f"fused {label}"))))
+        elif cfg.form == "persistent":
+            cases.append(aot.Case(_moe_persistent_kernel, f"persistent {label}", launch + f" BLOCK_N={cfg.block_n} "
+                                  f"BLOCK_K={cfg.block_k}", dict(common, constexprs=dict(
+                                      tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                                      BLOCK_K=cfg.block_k, USE_PDL=pdl))))
         else:
             prefetch = cfg.prefetch_down and pdl_family
             cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch, dict(common, constexprs=dict(

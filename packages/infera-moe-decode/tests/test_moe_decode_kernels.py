@@ -18,7 +18,8 @@ kernels = importlib.import_module("infera_ops.moe_decode.kernels")
 # small blocks so the test shapes cross several blocks and leave ragged edges
 SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
 SMALL_FUSED = kernels.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
-FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED], ids=["split", "fused"])
+SMALL_PERSISTENT = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
+FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT], ids=["split", "fused", "persistent"])
 
 
 def _routing(M, E, topk, gen):
@@ -145,3 +146,46 @@ def test_every_shipped_tuning_config_is_correct(family, monkeypatch):
         out = torch.full((M, 136), float("nan"), dtype=torch.bfloat16, device=DEVICE)
         ops.moe_experts(x, w13, w2, weights, ids, out=out, config=tuned.config_for(M))
         _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
+
+
+def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
+    """The persistent form's counters (tickets, programs done, per-expert readiness) are zero after every
+    launch, so the next launch, or the next replay of a CUDA graph that captured it, starts clean; on a GPU
+    the same launches captured in one graph and replayed give the eager answers (every program of one per
+    SM taking tickets, down items waiting on their experts)."""
+    cfg = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
+    cases = [_case(M, 136, 72, 12, 4, torch.bfloat16, seed=40 + M) for M in (1, 3, 8)]
+    for x, w13, w2, ids, weights in cases:
+        _check(ops.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
+               torch.bfloat16)
+        assert not ops.sync_counters(x.device, 2 + ids.numel()).any()
+    if DEVICE != "cuda":
+        return
+    outs = [torch.full((c[0].shape[0], 136), float("nan"), dtype=torch.bfloat16, device=DEVICE) for c in cases]
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # the eager warm-up on the capture stream, as vLLM's
+        for (x, w13, w2, ids, weights), out in zip(cases, outs):
+            ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for (x, w13, w2, ids, weights), out in zip(cases, outs):
+            ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+    for _ in range(20):
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for (x, w13, w2, ids, weights), out in zip(cases, outs):
+            _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="real model sizes: GPU only")
+@pytest.mark.parametrize("M", [1, 2, 16])
+@pytest.mark.parametrize("form", kernels.FORMS)
+def test_qwen3_moe_dims_on_the_gpu(M, form):
+    """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form."""
+    x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
+    out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=kernels.LaunchConfig(form=form, block_i=32))
+    _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

@@ -19,13 +19,17 @@ An expert id below zero (an expert another rank holds under expert parallel, aft
 contributes nothing: the program at that position writes its own partial row as zeros (a token may have
 several such slots, so they are not grouped).
 
-Two forms, both deterministic (no atomics: the result does not depend on which program finishes first):
+Three forms, all deterministic (the result does not depend on which program finishes first):
 
 - fused (``_moe_fused_kernel``, grid = positions x I-blocks): each program computes one I-block of ``a``
   (reading 2·BLOCK_I rows of W13) and at once its share of the down projection, ``r · W2[e][:, block] @ a``
   over all of H (reading the BLOCK_I columns of W2), into an fp32 partial ``[MK, I/BLOCK_I, H]``; then
   ``_row_sum_kernel`` adds each token's TOPK·I/BLOCK_I partial rows. One weight pass, two launches, and as
   many programs as the gate/up pass alone; the partials (MK·(I/BLOCK_I)·H·4 bytes) stay in L2 at small M.
+- persistent (``_moe_persistent_kernel``, one program per SM): the gate/up and down blocks of the split form
+  below as one list of work items in one launch, a down item starting as soon as its expert's activation is
+  complete (per-expert counters), so the DRAM stream does not drain and refill between the projections;
+  then ``_row_sum_kernel``. Deterministic like the others: the counters order the work, never the sums.
 - split (``_moe_gate_up_kernel`` writing ``a`` ``[MK, I]``, ``_moe_down_kernel`` writing
   ``r · W2[e] @ a`` per position ``[MK, H]`` fp32, ``_row_sum_kernel`` adding each token's TOPK rows): three
   launches, a small fp32 buffer; the better one once many tokens make the partials large.
@@ -51,13 +55,12 @@ except ImportError:  # pragma: no cover - older Triton: USE_PDL stays off (trito
 
 
 @triton.jit
-def _expert_rows(topk_ids_ptr, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.constexpr):
-    """For program j: its expert e, whether j is e's first flat position, and e's rows: a [BLOCK_M] mask and
+def _expert_rows(topk_ids_ptr, j, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """For flat position j: its expert e, whether j is e's first flat position, and e's rows: a [BLOCK_M] mask and
     the flat positions (m·TOPK + k) of the tokens that chose e, in ascending order.
 
     The r-th row is the position whose running count of e (a cumulative sum over the BLOCK_MK ids) is r: a
     [BLOCK_M, BLOCK_MK] comparison instead of a sort kernel before the launch."""
-    j = tl.program_id(0)
     e = tl.load(topk_ids_ptr + j)
     idx = tl.arange(0, BLOCK_MK)
     same = tl.load(topk_ids_ptr + idx, mask=idx < MK, other=-(2**30)) == e
@@ -115,7 +118,7 @@ def _moe_fused_kernel(
 ):
     pid_i = tl.program_id(1)
     n_blocks = tl.num_programs(1)
-    e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
+    e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
     if e < 0:  # an expert held elsewhere: this position's partial row is zero
         own_row = part_ptr + (tl.program_id(0).to(tl.int64) * n_blocks + pid_i) * H
         for n0 in range(0, H, BLOCK_N):
@@ -174,7 +177,7 @@ def _moe_gate_up_kernel(
     USE_PDL: tl.constexpr,  # let the down kernel launch early (programmatic dependent launch)
 ):
     pid_i = tl.program_id(1)
-    e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
+    e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
     if first and e >= 0:  # an expert held elsewhere has no activation: the down kernel writes its row as zero
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
@@ -217,22 +220,149 @@ def _moe_down_kernel(
     if USE_PDL:
         gdc_wait()
     pid_n = tl.program_id(1)
-    e, first, mine, pos = _expert_rows(topk_ids_ptr, MK, BLOCK_MK, BLOCK_M)
+    e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     if e < 0:  # an expert held elsewhere: this position's row is zero
         tl.store(y_ptr + tl.program_id(0).to(tl.int64) * H + cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=col_ok)
     elif first:
-        w = w2_ptr + e.to(tl.int64) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < I
-            at = tl.load(act_ptr + pos[:, None] * act_row_stride + k[None, :], mask=mine[:, None] & k_ok[None, :],
-                         other=0.0)
-            acc = _dot(at, tl.load(w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc, FP32_DOT)
-        acc *= tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)[:, None]
-        tl.store(y_ptr + pos[:, None] * H + cols[None, :], acc, mask=mine[:, None] & col_ok[None, :])
+        _down_block(act_ptr, act_row_stride, w2_ptr + e.to(tl.int64) * w2_expert_stride, w2_row_stride,
+                    topk_weights_ptr, y_ptr, pos, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, False)
+    if USE_PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _down_block(act_ptr, act_row_stride, w2_ptr, w2_row_stride, topk_weights_ptr, y_ptr, pos, mine, cols, col_ok,
+                H, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
+                ACT_FROM_L2: tl.constexpr):
+    """y[pos, cols] = r_pos * (a_pos @ W2[:, cols]^T) for the token rows ``pos`` (masked by ``mine``) of one
+    expert (``w2_ptr`` at that expert), fp32. ``ACT_FROM_L2``: read ``a`` past L1 (``.cg``), for activations
+    other programs of the same launch wrote."""
+    w = w2_ptr + cols[None, :].to(tl.int64) * w2_row_stride
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < I
+        a_ptrs = act_ptr + pos[:, None] * act_row_stride + k[None, :]
+        a_mask = mine[:, None] & k_ok[None, :]
+        if ACT_FROM_L2:
+            at = tl.load(a_ptrs, mask=a_mask, other=0.0, cache_modifier=".cg")
+        else:
+            at = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        acc = _dot(at, tl.load(w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc, FP32_DOT)
+    acc *= tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)[:, None]
+    tl.store(y_ptr + pos[:, None] * H + cols[None, :], acc, mask=mine[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _slot_position(flags, rank, r, idx):
+    """The flat position whose rank among the ``flags`` positions is ``r``."""
+    return tl.sum(tl.where(flags & (rank == r), idx, 0), axis=0)
+
+
+@triton.jit
+def _moe_persistent_kernel(
+    x_ptr,  # [M, H]
+    x_row_stride,
+    w13_ptr,  # [E, 2I, H], unit stride along H
+    w13_expert_stride,
+    w13_row_stride,
+    w2_ptr,  # [E, H, I], unit stride along I
+    w2_expert_stride,
+    w2_row_stride,
+    topk_ids_ptr,  # [MK] as in _moe_fused_kernel
+    topk_weights_ptr,  # [MK]
+    act_ptr,  # [MK, I] scratch: silu(gate) * up, in the weights' dtype
+    act_row_stride,
+    y_ptr,  # [MK, H] fp32 out: r_mk * (W2[e_mk] @ a_mk), contiguous
+    sync_ptr,  # int32 [2 + MK], zero on entry and left zero: next ticket, programs done, gate/up items done per expert
+    MK,
+    H,
+    I,
+    TOPK,
+    BLOCK_MK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_I: tl.constexpr,  # gate/up item: I-columns
+    BLOCK_H: tl.constexpr,  # gate/up reduction chunk along H
+    BLOCK_N: tl.constexpr,  # down item: H-columns
+    BLOCK_K: tl.constexpr,  # down reduction chunk along I
+    FP32_DOT: tl.constexpr,
+    USE_PDL: tl.constexpr,  # let the row sum launch early (programmatic dependent launch)
+):
+    """Both projections in one launch, so the weight stream does not drain between them.
+
+    The work is a list of items: first every (expert, I-block) of the gate/up projection, then every (expert,
+    H-block) of the down projection, expert by expert in the same order (then the positions of remote experts,
+    whose rows are zero). Item t goes to program t for t < P (the grid, at most one program per SM), the
+    rest to whichever program asks next (a ticket counter), so programs take items in ascending order. A
+    gate/up item stores its activation block and counts it done for its expert (release); a down item waits
+    until its expert's n_I gate/up items are done (acquire) before reading the activation. No wait can
+    deadlock: a program waits only on gate/up items, which come before every down item, so each is held by a
+    program that has started (all P are resident at once: one per SM) and that never waits while holding it.
+    The last program to finish zeroes the counters for the next launch (a CUDA graph replays with them zero).
+
+    Experts (the ``local`` positions: the first position of each distinct expert id >= 0) are found in every
+    program from the MK ids (each compared with every earlier one, 32 at a time); the r-th is picked by its
+    rank. BLOCK_MK >= 32."""
+    P = tl.num_programs(0)
+    n_i = tl.cdiv(I, BLOCK_I)
+    n_h = tl.cdiv(H, BLOCK_N)
+    idx = tl.arange(0, BLOCK_MK)
+    valid = idx < MK
+    ids = tl.load(topk_ids_ptr + idx, mask=valid, other=0)
+    seen_before = tl.zeros((BLOCK_MK,), dtype=tl.int32)
+    for c0 in range(0, BLOCK_MK, 32):  # earlier positions with the same id, 32 at a time (registers)
+        other = c0 + tl.arange(0, 32)
+        other_ids = tl.load(topk_ids_ptr + other, mask=other < MK, other=0)
+        seen_before += tl.sum(((ids[:, None] == other_ids[None, :]) & (other[None, :] < idx[:, None])).to(tl.int32),
+                              axis=1)
+    local = valid & (ids >= 0) & (seen_before == 0)
+    remote = valid & (ids < 0)
+    rank_local = tl.cumsum(local.to(tl.int32), axis=0) - 1
+    n_local = tl.sum(local.to(tl.int32), axis=0)
+    rank_down = tl.where(local, rank_local, n_local + tl.cumsum(remote.to(tl.int32), axis=0) - 1)
+    n_gate_up = n_local * n_i
+    total = n_gate_up + (n_local + tl.sum(remote.to(tl.int32), axis=0)) * n_h
+    done_ptr = sync_ptr + 2
+
+    t = tl.program_id(0)
+    while t < total:
+        if t < n_gate_up:
+            r = t // n_i
+            j = _slot_position(local, rank_local, r, idx)
+            e, first, mine, pos = _expert_rows(topk_ids_ptr, j, MK, BLOCK_MK, BLOCK_M)
+            i_cols = (t % n_i) * BLOCK_I + tl.arange(0, BLOCK_I)
+            i_ok = i_cols < I
+            act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
+                                pos // TOPK, mine, i_cols, i_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT)
+            tl.store(act_ptr + pos[:, None] * act_row_stride + i_cols[None, :], act.to(act_ptr.dtype.element_ty),
+                     mask=mine[:, None] & i_ok[None, :])
+            tl.debug_barrier()  # every thread's stores before the release
+            tl.atomic_add(done_ptr + r, 1, sem="release", scope="gpu")
+        else:
+            u = t - n_gate_up
+            r = u // n_h
+            j = _slot_position(local | remote, rank_down, r, idx)
+            h_cols = (u % n_h) * BLOCK_N + tl.arange(0, BLOCK_N)
+            h_ok = h_cols < H
+            e, first, mine, pos = _expert_rows(topk_ids_ptr, j, MK, BLOCK_MK, BLOCK_M)
+            if e < 0:  # an expert held elsewhere: this position's row is zero
+                tl.store(y_ptr + j.to(tl.int64) * H + h_cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=h_ok)
+            else:
+                ready = tl.atomic_add(done_ptr + r, 0, sem="acquire", scope="gpu")
+                while ready < n_i:
+                    ready = tl.atomic_add(done_ptr + r, 0, sem="acquire", scope="gpu")
+                tl.debug_barrier()
+                _down_block(act_ptr, act_row_stride, w2_ptr + e.to(tl.int64) * w2_expert_stride, w2_row_stride,
+                            topk_weights_ptr, y_ptr, pos, mine, h_cols, h_ok, H, I, BLOCK_M, BLOCK_N, BLOCK_K,
+                            FP32_DOT, True)
+        t = P + tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:  # the last program out
+        tl.store(done_ptr + idx, tl.zeros((BLOCK_MK,), dtype=tl.int32), mask=valid)
+        tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
     if USE_PDL:
         gdc_launch_dependents()
 
@@ -262,13 +392,13 @@ def _row_sum_kernel(
     tl.store(out_ptr + m * out_row_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-FORMS = ("split", "fused")
+FORMS = ("split", "fused", "persistent")
 
 
 class LaunchConfig:
     """Form, block sizes and pipelining (defaults; the per-GPU-family tuning file overrides them, see
-    tuning.py). ``form`` (module docstring): ``split`` (``block_i``/``block_h`` gate/up, ``block_n``/``block_k``
-    down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``). ``num_warps`` and ``num_stages`` apply
+    tuning.py). ``form`` (module docstring): ``split`` or ``persistent`` (``block_i``/``block_h`` gate/up,
+    ``block_n``/``block_k`` down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``). ``num_warps`` and ``num_stages`` apply
     to the weight-streaming kernels: at decode the depth of the load pipeline matters more than the arithmetic layout.
     ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
     give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``

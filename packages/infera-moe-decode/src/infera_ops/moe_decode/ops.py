@@ -1,9 +1,12 @@
 """Launcher of the decode experts kernels (kernels.py) in the form the config names: split (gate/up, down,
-row sum) or fused (one weight pass, row sum).
+row sum), fused (one weight pass, row sum) or persistent (both projections in one launch, row sum).
 
 Capture-safe: no host synchronisation, buffers allocated on the current stream (vLLM's graph pool when
 captured), grid sizes from shapes only.
 """
+
+import functools
+import os
 
 import torch
 import triton
@@ -13,6 +16,7 @@ from infera_ops.moe_decode.kernels import (
     _moe_down_kernel,
     _moe_fused_kernel,
     _moe_gate_up_kernel,
+    _moe_persistent_kernel,
     _row_sum_kernel,
     block_m,
     block_mk,
@@ -23,6 +27,35 @@ SUM_BLOCK_N = 32  # the row sum reads M·R·H fp32 from L2: many small programs,
 SUM_BLOCK_R = 64
 MIN_BLOCK_I = 16
 PREFETCH_BLOCK = 512  # 128-byte lines asked for per prefetch step (4 per thread at 4 warps)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_SYNC: dict = {}  # (device, stream) -> the persistent kernel's int32 counters, zero between launches
+
+
+def sync_counters(device: torch.device, entries: int) -> torch.Tensor:
+    """The persistent kernel's counters for this device and stream (at least ``entries`` int32, zero): one
+    buffer per stream, so launches on different streams never share counters; each launch leaves it zero.
+    Grown (re-zeroed) when a launch needs more; allocated on the first, eager call in vLLM (warm-up runs
+    before CUDA-graph capture)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _SYNC.get(key)
+    if buf is None or buf.numel() < entries:
+        buf = _SYNC[key] = torch.zeros(max(entries, 2 + 256), dtype=torch.int32, device=device)
+    return buf
+
+
+def persistent_programs(device: torch.device, items: int) -> int:
+    """The persistent kernel's grid: one program per SM (so all are resident at once, which its waits need),
+    at most one per item; one under Triton's interpreter, which runs programs one after another."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return 1
+    return max(1, min(items, _sm_count(device.index if device.index is not None else torch.cuda.current_device())))
 
 
 def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
@@ -70,6 +103,17 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
             mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
             FP32_DOT=fp32_dot, USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         per_token = topk * n_blocks
+    elif cfg.form == "persistent":
+        act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
+        rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
+        sync = sync_counters(x.device, 2 + mk)
+        items = mk * (triton.cdiv(inter, blk_i) + triton.cdiv(H, cfg.block_n))
+        _moe_persistent_kernel[(persistent_programs(x.device, items),)](
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), w2, w2.stride(0), w2.stride(1), ids, weights,
+            act, act.stride(0), rows, sync, mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i,
+            BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot, USE_PDL=use_pdl,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        per_token = topk
     else:
         act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
         prefetch = cfg.prefetch_down and x.device.type == "cuda" and not fp32_dot and w2.is_contiguous()

@@ -76,9 +76,13 @@ def default_config(family: str, form: str = "split") -> LaunchConfig:
     """The launch a family gets without a ``config`` in its file (``INFERA_MOE_DECODE_MAX_TOKENS`` on an
     untuned family), chosen so that nothing spills (tests/test_moe_decode_compile.py): the defaults; two
     pipeline stages on AMD GPUs, whose 64 KB of LDS (gfx942, RDNA) three stages of the 64-wide tiles overflow
-    (72 KB); on RDNA3 (gfx11xx) also a 64-deep H chunk, as the 128-deep one spills VGPRs in its WMMA layout."""
+    (72 KB); on RDNA3 (gfx11xx) also a 64-deep H chunk, as the 128-deep one spills VGPRs in its WMMA layout;
+    on RDNA4 (gfx12xx) the persistent form, which holds both projections' tiles, with 32-wide I blocks (64
+    spill one VGPR)."""
     if family.startswith("gfx11"):
         return LaunchConfig(form=form, block_h=64, num_stages=2)
+    if family.startswith("gfx12") and form == "persistent":
+        return LaunchConfig(form=form, block_i=32, num_stages=2)
     return LaunchConfig(form=form, num_stages=2 if family.startswith("gfx") else 3)
 
 
