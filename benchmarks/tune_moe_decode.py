@@ -48,9 +48,10 @@ FUSED_START = dict(form="fused", block_i=64, block_h=128, block_n=128, num_warps
 FUSED_SPACE = {"pdl": (False, True), "block_i": (32, 64, 128), "block_h": (64, 128), "num_stages": (2, 3, 4),
                "block_n": (64, 128), "min_programs": (0, 264)}
 PERSISTENT_START = dict(form="persistent", block_i=32, block_h=128, block_n=64, block_k=128, num_warps=4,
-                        num_stages=4, min_programs=0, pdl=False)
-PERSISTENT_SPACE = {"block_i": (16, 32, 64), "num_warps": (4, 8), "num_stages": (3, 4), "block_n": (64, 128),
-                    "block_h": (128, 256), "block_k": (128, 256), "pdl": (False, True)}
+                        num_stages=4, min_programs=0, pdl=False, programs_per_sm=2)
+PERSISTENT_SPACE = {"programs_per_sm": (1, 2, 3, 4), "block_i": (16, 32, 64), "num_warps": (4, 8),
+                    "num_stages": (3, 4), "block_n": (64, 128), "block_h": (128, 256), "block_k": (128, 256),
+                    "pdl": (False, True)}
 FORMS = ("split", "fused", "persistent")
 
 

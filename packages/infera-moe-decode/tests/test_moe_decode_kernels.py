@@ -182,10 +182,13 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="real model sizes: GPU only")
 @pytest.mark.parametrize("M", [1, 2, 16])
-@pytest.mark.parametrize("form", kernels.FORMS)
-def test_qwen3_moe_dims_on_the_gpu(M, form):
-    """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form."""
+@pytest.mark.parametrize("form, per_sm", [("split", 1), ("fused", 1), ("persistent", 1), ("persistent", 3),
+                                          ("persistent", 64)])
+def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm):
+    """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the persistent
+    one also with far more programs than the GPU holds at once (64 per SM), which its tickets must survive."""
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=kernels.LaunchConfig(form=form, block_i=32))
+    cfg = kernels.LaunchConfig(form=form, block_i=32, programs_per_sm=per_sm)
+    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

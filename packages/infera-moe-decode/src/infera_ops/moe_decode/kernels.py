@@ -26,7 +26,7 @@ Three forms, all deterministic (the result does not depend on which program fini
   over all of H (reading the BLOCK_I columns of W2), into an fp32 partial ``[MK, I/BLOCK_I, H]``; then
   ``_row_sum_kernel`` adds each token's TOPK·I/BLOCK_I partial rows. One weight pass, two launches, and as
   many programs as the gate/up pass alone; the partials (MK·(I/BLOCK_I)·H·4 bytes) stay in L2 at small M.
-- persistent (``_moe_persistent_kernel``, one program per SM): the gate/up and down blocks of the split form
+- persistent (``_moe_persistent_kernel``, a few programs per SM): the gate/up and down blocks of the split form
   below as one list of work items in one launch, a down item starting as soon as its expert's activation is
   complete (per-expert counters), so the DRAM stream does not drain and refill between the projections;
   then ``_row_sum_kernel``. Deterministic like the others: the counters order the work, never the sums.
@@ -294,13 +294,14 @@ def _moe_persistent_kernel(
 
     The work is a list of items: first every (expert, I-block) of the gate/up projection, then every (expert,
     H-block) of the down projection, expert by expert in the same order (then the positions of remote experts,
-    whose rows are zero). Item t goes to program t for t < P (the grid, at most one program per SM), the
-    rest to whichever program asks next (a ticket counter), so programs take items in ascending order. A
-    gate/up item stores its activation block and counts it done for its expert (release); a down item waits
-    until its expert's n_I gate/up items are done (acquire) before reading the activation. No wait can
-    deadlock: a program waits only on gate/up items, which come before every down item, so each is held by a
-    program that has started (all P are resident at once: one per SM) and that never waits while holding it.
-    The last program to finish zeroes the counters for the next launch (a CUDA graph replays with them zero).
+    whose rows are zero). Each program takes the next item from a ticket counter until none is left, so
+    items are taken in ascending order. A gate/up item stores its activation block and counts it done for
+    its expert (release); a down item waits until its expert's n_I gate/up items are done (acquire) before
+    reading the activation. No wait can deadlock, whatever the grid and however many of its programs are
+    resident: a program waits only on gate/up items, which come before every down item, so each was taken by
+    a program that is running and that never waits while holding it. The grid (a few programs per SM) only
+    sets how many items are in flight. The last program to finish zeroes the counters for the next launch (a
+    CUDA graph replays with them zero).
 
     Experts (the ``local`` positions: the first position of each distinct expert id >= 0) are found in every
     program from the MK ids (each compared with every earlier one, 32 at a time); the r-th is picked by its
@@ -326,7 +327,7 @@ def _moe_persistent_kernel(
     total = n_gate_up + (n_local + tl.sum(remote.to(tl.int32), axis=0)) * n_h
     done_ptr = sync_ptr + 2
 
-    t = tl.program_id(0)
+    t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     while t < total:
         if t < n_gate_up:
             r = t // n_i
@@ -357,7 +358,7 @@ def _moe_persistent_kernel(
                 _down_block(act_ptr, act_row_stride, w2_ptr + e.to(tl.int64) * w2_expert_stride, w2_row_stride,
                             topk_weights_ptr, y_ptr, pos, mine, h_cols, h_ok, H, I, BLOCK_M, BLOCK_N, BLOCK_K,
                             FP32_DOT, True)
-        t = P + tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+        t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
     if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:  # the last program out
         tl.store(done_ptr + idx, tl.zeros((BLOCK_MK,), dtype=tl.int32), mask=valid)
@@ -403,18 +404,22 @@ class LaunchConfig:
     ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
     give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``
     as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.
-    ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2."""
+    ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2.
+    ``programs_per_sm`` (persistent form): its grid, per SM."""
 
     __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
-                 "pdl", "prefetch_down")
+                 "pdl", "prefetch_down", "programs_per_sm")
 
     def __init__(self, form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
-                 min_programs=0, pdl=False, prefetch_down=False):
+                 min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2):
         if form not in FORMS:
             raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
         self.form, self.block_i, self.block_h, self.block_n, self.block_k = form, block_i, block_h, block_n, block_k
         self.num_warps, self.num_stages = num_warps, num_stages
         self.min_programs, self.pdl, self.prefetch_down = int(min_programs), bool(pdl), bool(prefetch_down)
+        self.programs_per_sm = int(programs_per_sm)
+        if self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm {programs_per_sm!r}: expected >= 1")
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -50,12 +50,13 @@ def sync_counters(device: torch.device, entries: int) -> torch.Tensor:
     return buf
 
 
-def persistent_programs(device: torch.device, items: int) -> int:
-    """The persistent kernel's grid: one program per SM (so all are resident at once, which its waits need),
-    at most one per item; one under Triton's interpreter, which runs programs one after another."""
+def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
+    """The persistent kernel's grid: ``per_sm`` programs per SM, at most one per item; one under Triton's
+    interpreter, which runs programs one after another (the first takes every item)."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return 1
-    return max(1, min(items, _sm_count(device.index if device.index is not None else torch.cuda.current_device())))
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(items, sms * per_sm))
 
 
 def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
@@ -108,7 +109,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
         sync = sync_counters(x.device, 2 + mk)
         items = mk * (triton.cdiv(inter, blk_i) + triton.cdiv(H, cfg.block_n))
-        _moe_persistent_kernel[(persistent_programs(x.device, items),)](
+        _moe_persistent_kernel[(persistent_programs(x.device, items, cfg.programs_per_sm),)](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w2, w2.stride(0), w2.stride(1), ids, weights,
             act, act.stride(0), rows, sync, mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i,
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot, USE_PDL=use_pdl,
