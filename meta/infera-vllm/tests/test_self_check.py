@@ -119,3 +119,14 @@ def test_report_merges_and_renders_self_checks(tmp_path):
     assert rows["1"]["passed"] == 1 and rows["2"]["failed"] == 1 and rows["2"]["processes"] == 1
     text = report.render(merged)
     assert "self-check" in text and "3.00e-01" in text
+
+
+def test_idle_only_when_off_and_nothing_declined():
+    """``idle`` lets an op skip its per-call bucket bookkeeping: only with the check off and no bucket
+    declined (a bucket declined before the check was turned off still needs its key looked up)."""
+    check = self_check.Checker("demo", bound=1e-2)
+    assert not check.idle  # mode first: calls need their bucket
+    assert not check.judge("1", *_pair(1.0))  # a mismatch declines "1"
+    self_check.configure(mode="off", rate=0.0, perturb="", strict=False)
+    assert not check.idle and check.declined("1")
+    assert self_check.Checker("other", bound=1e-2).idle

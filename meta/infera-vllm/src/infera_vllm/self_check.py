@@ -56,6 +56,11 @@ class Checker:
     def enabled(self) -> bool:
         return _mode != "off" and self.bound > 0
 
+    @property
+    def idle(self) -> bool:
+        """Nothing to check and nothing declined: an op may skip forming bucket keys on its hot path."""
+        return not self.enabled and not self._declined
+
     def declined(self, bucket: str) -> bool:
         """Whether a mismatch has declined this bucket: the op hands such calls to vLLM."""
         return bucket in self._declined

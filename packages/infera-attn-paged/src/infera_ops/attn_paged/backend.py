@@ -153,10 +153,12 @@ class InferaAttentionImpl(TritonAttentionImpl):
             if reason is None and splits > 1 and (workspace is None or not workspace.fits(
                     num_seqs, self.num_heads, self.head_size, splits)):
                 reason = "workspace"
-            bucket = f"{'decode' if decode else 'prefill'} {coverage.bucket_of(tokens)}"
-            if reason is None and _check.declined(bucket):
-                reason = self_check.MISMATCH
-            checking = reason is None and _check.wants(bucket, capturing)
+            bucket, checking = None, False
+            if not _check.idle:  # with the check off and nothing declined, no bucket key per call
+                bucket = f"{'decode' if decode else 'prefill'} {coverage.bucket_of(tokens)}"
+                if reason is None and _check.declined(bucket):
+                    reason = self_check.MISMATCH
+                checking = reason is None and _check.wants(bucket, capturing)
             if not checking:  # a checked call is counted once judged
                 _count(reason, tokens, "plan" if capturing else "call")
         if reason == guard.FA3:
