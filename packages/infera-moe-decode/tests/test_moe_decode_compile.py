@@ -4,7 +4,8 @@ of time, no GPU needed). Launches are not checked here.
 
 Launches: each entry of the family's packaged tuning file (sm90), else the family's defaults
 (``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on a family without
-a file); the persistent form at the defaults too where the file has no persistent entry. ``INFERA_AOT_FAMILY``
+a file); the persistent form and the split form with ``early_down`` at the defaults too where the file has
+no such entry. ``INFERA_AOT_FAMILY``
 picks the families (the nox session of a family sets its own); unset: all of them.
 """
 
@@ -49,6 +50,10 @@ def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
                                                                                    key=lambda kv: int(kv[0]))]
         if all(cfg.form != "persistent" for _, cfg in launches):
             launches.append(("defaults persistent", tuning.default_config(family, "persistent")))
+        if all(not cfg.early_down for _, cfg in launches):
+            early = tuning.default_config(family, "split")
+            early.early_down = True
+            launches.append(("defaults early-down", early))
         return launches
     return [(f"defaults {form}", tuning.default_config(family, form)) for form in ("split", "fused", "persistent")]
 
@@ -80,12 +85,16 @@ def compile_cases(family: str) -> list[aot.Case]:
                                       BLOCK_K=cfg.block_k, USE_PDL=pdl))))
         else:
             prefetch = cfg.prefetch_down and pdl_family
-            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch, dict(common, constexprs=dict(
-                tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=prefetch,
-                PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl))))
+            early = cfg.early_down and pdl_family
+            pdl = pdl or early
+            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch + (" early-down" if early else ""),
+                                  dict(common, constexprs=dict(
+                                      tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=prefetch,
+                                      PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=early))))
             cases.append(aot.Case(_moe_down_kernel, f"down {label}", f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} "
-                                  f"w{cfg.num_warps} s{cfg.num_stages}", dict(common, constexprs=dict(
-                                      tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=pdl))))
+                                  f"w{cfg.num_warps} s{cfg.num_stages}" + (" early-down" if early else ""),
+                                  dict(common, constexprs=dict(tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                                               USE_PDL=pdl, EARLY_DOWN=early))))
         cases.append(aot.Case(_row_sum_kernel, f"row sum {label}", f"BLOCK_R={ops.SUM_BLOCK_R} "
                               f"BLOCK_N={ops.SUM_BLOCK_N}", dict(pointers=POINTERS, divisible=DIVISIBLE,
                                                                  constexprs=dict(BLOCK_R=ops.SUM_BLOCK_R,

@@ -182,13 +182,15 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="real model sizes: GPU only")
 @pytest.mark.parametrize("M", [1, 2, 16])
-@pytest.mark.parametrize("form, per_sm", [("split", 1), ("fused", 1), ("persistent", 1), ("persistent", 3),
-                                          ("persistent", 64)])
-def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm):
-    """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the persistent
-    one also with far more programs than the GPU holds at once (64 per SM), which its tickets must survive."""
+@pytest.mark.parametrize("form, per_sm, early", [("split", 1, False), ("split", 1, True), ("fused", 1, False),
+                                                 ("persistent", 1, False), ("persistent", 3, False),
+                                                 ("persistent", 64, False)])
+def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early):
+    """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the split one
+    also with the down kernel started early (PDL, prefetching W2 before it waits); the persistent one also
+    with far more programs than the GPU holds at once (64 per SM), which its tickets must survive."""
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    cfg = kernels.LaunchConfig(form=form, block_i=32, programs_per_sm=per_sm)
+    cfg = kernels.LaunchConfig(form=form, block_i=32, programs_per_sm=per_sm, early_down=early)
     ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

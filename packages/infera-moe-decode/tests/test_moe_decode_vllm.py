@@ -73,7 +73,8 @@ def checkpoint_and_baseline(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("qwen3-moe")
     ckpt = tmp / "qwen3-moe-tiny"
     run_script(MAKE, str(ckpt), env={})
-    off = run_script(RUN, str(ckpt), "1", env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(tmp / "off")})
+    off = run_script(RUN, str(ckpt), "1",
+                     env={"INFERA_VLLM_OPS_DISABLE": "1", "INFERA_VLLM_REPORT_DIR": str(tmp / "off")})
     return ckpt, result_json(off)
 
 
@@ -107,7 +108,8 @@ def test_self_check_catches_a_wrong_kernel(tmp_path, checkpoint_and_baseline):
     on = result_json(run_script(RUN, str(ckpt), "1", env={
         "INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_SELF_CHECK_PERTURB": "moe-decode",
         "INFERA_VLLM_REPORT_DIR": str(report_dir)}))
-    assert [[step[0] for step in seq] for seq in on["steps"]] == [[step[0] for step in seq] for seq in baseline["steps"]]
+    assert ([[step[0] for step in seq] for seq in on["steps"]]
+            == [[step[0] for step in seq] for seq in baseline["steps"]])
 
     report = _report(report_dir)
     checks = report["self_check"]

@@ -41,6 +41,11 @@ each kernel after the first is a programmatic dependent of the one before (it la
 drains and waits for its writes), and with ``PREFETCH_DOWN`` each gate/up program, once its own tiles are done, asks L2 to fetch its share of the same expert's W2
 (``prefetch.global.L2``), so the DRAM stays busy through the gate/up kernel's tail and the down kernel
 reads from L2. Only worth it while the W2 of the experts in play fits in L2 beside the gate/up stream.
+With ``EARLY_DOWN`` (and PDL) the gate/up kernel releases the down kernel as soon as all its programs have
+started, and each down program, before it waits for the activations, prefetches its own rows of W2 into L2
+(``evict_last``) while the gate/up weights stream past with ``evict_first``: the down kernel's traffic
+overlaps the gate/up kernel on the SMs it leaves free (at M = 1 on Qwen3 dims the gate/up kernel has 96-192
+programs for 132 SMs), and its reads after the wait come from L2.
 """
 
 import triton
@@ -74,9 +79,11 @@ def _expert_rows(topk_ids_ptr, j, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.conste
 
 @triton.jit
 def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols, col_ok, H, I,
-                  BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, FP32_DOT: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, FP32_DOT: tl.constexpr,
+                  EVICT: tl.constexpr = ""):
     """silu(x W_gate^T) * (x W_up^T) for the token rows ``tok`` (masked by ``mine``) and the I-columns
-    ``cols`` of one expert (``w13_ptr`` at that expert): [BLOCK_M, BLOCK_I] fp32, 0 where masked."""
+    ``cols`` of one expert (``w13_ptr`` at that expert): [BLOCK_M, BLOCK_I] fp32, 0 where masked.
+    ``EVICT``: the weight loads' L2 eviction policy ("evict_first": stream them past lines kept for later)."""
     w_gate = w13_ptr + cols[None, :].to(tl.int64) * w13_row_stride
     w_up = w_gate + I * w13_row_stride
     acc_gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
@@ -86,8 +93,10 @@ def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols,
         h_ok = h < H
         xt = tl.load(x_ptr + tok[:, None] * x_row_stride + h[None, :], mask=mine[:, None] & h_ok[None, :], other=0.0)
         w_mask = h_ok[:, None] & col_ok[None, :]
-        acc_gate = _dot(xt, tl.load(w_gate + h[:, None], mask=w_mask, other=0.0), acc_gate, FP32_DOT)
-        acc_up = _dot(xt, tl.load(w_up + h[:, None], mask=w_mask, other=0.0), acc_up, FP32_DOT)
+        acc_gate = _dot(xt, tl.load(w_gate + h[:, None], mask=w_mask, other=0.0, eviction_policy=EVICT), acc_gate,
+                        FP32_DOT)
+        acc_up = _dot(xt, tl.load(w_up + h[:, None], mask=w_mask, other=0.0, eviction_policy=EVICT), acc_up,
+                      FP32_DOT)
     return acc_gate * tl.sigmoid(acc_gate) * acc_up
 
 
@@ -153,6 +162,15 @@ def _prefetch_l2(ptrs, mask):
 
 
 @triton.jit
+def _prefetch_l2_keep(ptrs, mask):
+    """``prefetch.global.L2::evict_last`` of each address where ``mask``: fetched into L2 and kept there over
+    lines loaded ``evict_first`` (sm80+)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x_ptr,  # [M, H]
     x_row_stride,
@@ -175,14 +193,18 @@ def _moe_gate_up_kernel(
     PREFETCH_DOWN: tl.constexpr,  # after its tiles, prefetch 1/num_programs(1) of W2[e] into L2 (CUDA only)
     PREFETCH_BLOCK: tl.constexpr,  # addresses per prefetch step, one per 128-byte line
     USE_PDL: tl.constexpr,  # let the down kernel launch early (programmatic dependent launch)
+    EARLY_DOWN: tl.constexpr,  # with USE_PDL: release the down kernel at once, stream W13 evict_first
 ):
+    if USE_PDL and EARLY_DOWN:
+        gdc_launch_dependents()
     pid_i = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
     if first and e >= 0:  # an expert held elsewhere has no activation: the down kernel writes its row as zero
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
         act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT)
+                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT,
+                            "evict_first" if EARLY_DOWN else "")
         tl.store(act_ptr + pos[:, None] * act_row_stride + cols[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=mine[:, None] & col_ok[None, :])
         if PREFETCH_DOWN:
@@ -193,7 +215,7 @@ def _moe_gate_up_kernel(
             for off in range(0, share, PREFETCH_BLOCK * line):
                 idx = start + off + tl.arange(0, PREFETCH_BLOCK).to(tl.int64) * line
                 _prefetch_l2(base + idx, (idx < H * I) & (idx < start + share))
-    if USE_PDL:
+    if USE_PDL and not EARLY_DOWN:
         gdc_launch_dependents()
 
 
@@ -216,13 +238,21 @@ def _moe_down_kernel(
     BLOCK_K: tl.constexpr,  # reduction chunk along I
     FP32_DOT: tl.constexpr,
     USE_PDL: tl.constexpr,  # a programmatic dependent of the gate/up kernel, and lets the sum launch early
+    EARLY_DOWN: tl.constexpr,  # with USE_PDL: prefetch this program's W2 rows into L2 before the wait
 ):
-    if USE_PDL:
-        gdc_wait()
     pid_n = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
+    if USE_PDL and EARLY_DOWN:  # the weights do not depend on the gate/up kernel: fetch them while it runs
+        if first and e >= 0:
+            line = 128 // w2_ptr.dtype.element_ty.primitive_bitwidth * 8  # elements per 128-byte line
+            rows = w2_ptr + e.to(tl.int64) * w2_expert_stride + cols[:, None].to(tl.int64) * w2_row_stride
+            for k0 in range(0, I, 8 * line):
+                k = k0 + tl.arange(0, 8) * line
+                _prefetch_l2_keep(rows + k[None, :], col_ok[:, None] & (k < I)[None, :])
+    if USE_PDL:
+        gdc_wait()
     if e < 0:  # an expert held elsewhere: this position's row is zero
         tl.store(y_ptr + tl.program_id(0).to(tl.int64) * H + cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=col_ok)
     elif first:
@@ -405,19 +435,20 @@ class LaunchConfig:
     give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``
     as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.
     ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2.
-    ``programs_per_sm`` (persistent form): its grid, per SM."""
+    ``programs_per_sm`` (persistent form): its grid, per SM. ``early_down`` (split form, CUDA, implies
+    ``pdl``): the down kernel starts with the gate/up kernel and prefetches its weights into L2 meanwhile."""
 
     __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
-                 "pdl", "prefetch_down", "programs_per_sm")
+                 "pdl", "prefetch_down", "programs_per_sm", "early_down")
 
     def __init__(self, form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
-                 min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2):
+                 min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2, early_down=False):
         if form not in FORMS:
             raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
         self.form, self.block_i, self.block_h, self.block_n, self.block_k = form, block_i, block_h, block_n, block_k
         self.num_warps, self.num_stages = num_warps, num_stages
         self.min_programs, self.pdl, self.prefetch_down = int(min_programs), bool(pdl), bool(prefetch_down)
-        self.programs_per_sm = int(programs_per_sm)
+        self.programs_per_sm, self.early_down = int(programs_per_sm), bool(early_down)
         if self.programs_per_sm < 1:
             raise ValueError(f"programs_per_sm {programs_per_sm!r}: expected >= 1")
 

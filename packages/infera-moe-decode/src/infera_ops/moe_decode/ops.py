@@ -93,7 +93,9 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     bm, bmk = block_m(M), block_mk(mk)
     fp32_dot = triton_dot.fp32_dot()
-    use_pdl = cfg.pdl and triton_dot.pdl_supported(x.device)
+    early_down = cfg.early_down and cfg.form == "split" and x.device.type == "cuda" and not fp32_dot
+    use_pdl = (cfg.pdl or early_down) and triton_dot.pdl_supported(x.device)
+    early_down = early_down and use_pdl
     pdl_kw = {"launch_pdl": True} if use_pdl else {}
     blk_i = block_i_for(cfg, min(mk, E), inter)
     if cfg.form == "fused":
@@ -121,13 +123,13 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         _moe_gate_up_kernel[(mk, triton.cdiv(inter, blk_i))](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
             mk, H, inter, topk, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
-            PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+            PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, EARLY_DOWN=early_down,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
         _moe_down_kernel[(mk, triton.cdiv(H, cfg.block_n))](
             act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, rows,
             mk, H, inter, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
-            USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
+            USE_PDL=use_pdl, EARLY_DOWN=early_down, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
         per_token = topk
     _row_sum_kernel[(M, triton.cdiv(H, SUM_BLOCK_N))](
         rows, out, out.stride(0), H, per_token, BLOCK_R=SUM_BLOCK_R, BLOCK_N=SUM_BLOCK_N, USE_PDL=use_pdl, **pdl_kw)
