@@ -108,7 +108,7 @@ def main() -> int:
         weights = make_weights(name)
         for M in map(int, args.tokens.split(",")):
             case = Case(weights, name, M, gen)
-            cfg = tuned.config_for(M) if tuned else LaunchConfig()
+            cfg = tuned.config_for(M, tuning.shape_key(E, H, I, K)) if tuned else LaunchConfig()
 
             def ours(x, w13, w2, weights, ids, cfg=cfg):
                 return ops.moe_experts(x, w13, w2, weights, ids, config=cfg)

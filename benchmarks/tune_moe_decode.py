@@ -10,9 +10,10 @@
    ``min_programs`` rule fits BLOCK_I to each model's expert size); candidates with a wrong answer excluded;
    ``--baseline FILE`` adds that tuning file's launch for each M as one more candidate (a re-tune of one form
    keeps what the others had won);
-3. write ``tuning/<family>.json``: ``by_tokens`` = each M's best launch; ``served`` = per dims the M at which
-   the tuned kernel is at least MIN_SPEEDUP x vLLM (so a serving call is never slower); ``max_tokens`` (for
-   expert shapes not measured here) = the largest M up to which every dims is served;
+3. write ``tuning/<family>.json``: ``by_tokens`` = each M's best launch; ``by_shape`` = per dims and M the
+   fastest of the forms' bests (and the baseline's) where that is not ``by_tokens``'s; ``served`` = per dims
+   the M at which its launch is at least MIN_SPEEDUP x vLLM (so a serving call is never slower);
+   ``max_tokens`` (for expert shapes not measured here) = the largest M up to which every dims is served;
 4. re-profile through the written file's own lookup on fresh inputs; table + JSON under results/<gpu>/.
 
     python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent]
@@ -102,7 +103,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     weights = {d: make_weights(d) for d in DIMS}
-    rows, by_tokens, served = [], {}, {d: [] for d in DIMS}
+    rows, by_tokens, served, by_shape = [], {}, {d: [] for d in DIMS}, {}
     base = None
     if baseline:
         os.environ["INFERA_MOE_DECODE_TUNING"] = baseline
@@ -113,15 +114,19 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         fused = descend(score, FUSED_START, FUSED_SPACE) if "fused" in forms and M <= FUSED_UP_TO else None
         persistent = descend(score, PERSISTENT_START, PERSISTENT_SPACE) if "persistent" in forms else None
         kept = base.config_for(M).as_dict() if base else None
-        best = max(filter(None, (fused, split, persistent, kept)), key=lambda p: score(p)[0])
-        gm, times = score(best)
+        candidates = list(filter(None, (fused, split, persistent, kept)))
+        best = max(candidates, key=lambda p: score(p)[0])
+        gm, _ = score(best)
         by_tokens[str(M)] = best
-        for case, v, t in zip(score.cases, score.vllm_us, times):
-            i = score.cases.index(case)
+        for i, (case, v) in enumerate(zip(score.cases, score.vllm_us)):
+            mine = min(candidates, key=lambda p: (score(p)[1][i], p != best))  # ties keep the common one
+            t = score(mine)[1][i]
+            if mine != best:
+                by_shape.setdefault(tuning.shape_key(*DIMS[case.dims]), {})[str(M)] = mine
             bests = {f"{name}_best_us": score(p)[1][i] if p else None
                      for name, p in (("split", split), ("fused", fused), ("persistent", persistent),
                                      ("baseline", kept))}
-            rows.append({"dims": case.dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": best,
+            rows.append({"dims": case.dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": mine,
                          **bests})
             print(f"M={M:<3} {case.dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("
                   + ", ".join(f"{k[:-8]} {u:.1f}" for k, u in bests.items() if u is not None) + ")", flush=True)
@@ -139,7 +144,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
                       "fused_experts for that expert shape; max_tokens for other shapes",
            "min_speedup": MIN_SPEEDUP, "max_tokens": max_tokens, "measured": list(tokens),
            "served": {tuning.shape_key(*DIMS[d]): sorted(ms) for d, ms in served.items()},
-           "config": by_tokens[str(tokens[-1])], "by_tokens": by_tokens}
+           "config": by_tokens[str(tokens[-1])], "by_tokens": by_tokens, "by_shape": by_shape}
     if write:
         path = os.path.join(os.path.dirname(tuning.__file__), "tuning", f"{family}.json")
         with open(path, "w") as f:
@@ -152,7 +157,8 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     loaded = tuning.load(family)
     for M in tokens:  # re-profile through the file's own lookup, on fresh inputs
         score = Scorer(weights, M, gen)
-        _, times = score(loaded.config_for(M).as_dict())
+        times = [score(loaded.config_for(M, tuning.shape_key(*DIMS[c.dims])).as_dict())[1][i]
+                 for i, c in enumerate(score.cases)]
         for case, v, t in zip(score.cases, score.vllm_us, times):
             row = next(r for r in rows if r["M"] == M and r["dims"] == case.dims)
             row["reprofile_us"], row["reprofile_vllm_us"] = t, v

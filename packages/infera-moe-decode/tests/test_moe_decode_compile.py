@@ -2,7 +2,7 @@
 there, without spilling (infera_vllm.aot: Triton's lowering and the backend's register allocation run ahead
 of time, no GPU needed). Launches are not checked here.
 
-Launches: each entry of the family's packaged tuning file (sm90), else the family's defaults
+Launches: each entry of the family's packaged tuning file (sm90; ``by_tokens`` and ``by_shape``), else the family's defaults
 (``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on a family without
 a file); the persistent form and the split form with ``early_down`` at the defaults too where the file has
 no such entry. ``INFERA_AOT_FAMILY``
@@ -48,6 +48,8 @@ def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
         doc = json.loads(packaged.read_text())
         launches = [(f"M<={bound}", LaunchConfig(**cfg)) for bound, cfg in sorted(doc["by_tokens"].items(),
                                                                                    key=lambda kv: int(kv[0]))]
+        launches += [(f"{shape} M<={bound}", LaunchConfig(**cfg)) for shape, entries in doc.get("by_shape", {}).items()
+                     for bound, cfg in entries.items()]
         if all(cfg.form != "persistent" for _, cfg in launches):
             launches.append(("defaults persistent", tuning.default_config(family, "persistent")))
         if all(not cfg.early_down for _, cfg in launches):

@@ -141,10 +141,12 @@ def test_every_shipped_tuning_config_is_correct(family, monkeypatch):
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
     tuned = tuning.load(family)
     assert tuned is not None and tuned.largest_served >= 1
-    for M in sorted({1, tuned.largest_served} | {bound for bound, _ in tuned.by_tokens}):
+    launches = [(M, tuned.config_for(M)) for M in sorted({1, tuned.largest_served} | {b for b, _ in tuned.by_tokens})]
+    launches += [(bound, cfg) for entries in tuned.by_shape.values() for bound, cfg in entries]
+    for M, cfg in launches:
         x, w13, w2, ids, weights = _case(M, 136, 72, 6, 3, torch.bfloat16, seed=M)
         out = torch.full((M, 136), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        ops.moe_experts(x, w13, w2, weights, ids, out=out, config=tuned.config_for(M))
+        ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
         _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
 
 

@@ -19,7 +19,7 @@ from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
 from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
 from infera_ops.moe_decode import guard, ops
-from infera_ops.moe_decode.tuning import Tuning
+from infera_ops.moe_decode.tuning import Tuning, shape_key
 from infera_vllm import coverage, seams, self_check
 
 
@@ -57,8 +57,9 @@ def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check
             if checking:  # vLLM's experts on the same inputs first: `output` may share the workspaces they use
                 theirs = torch.empty_like(output)
                 super().apply(theirs, *args[1:])
+            shape = shape_key(kw1.shape[0], kw1.shape[2], kw1.shape[1] // 2, topk_ids.shape[1])
             ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
-                            config=tuning.config_for(tokens), expert_map=expert_map)
+                            config=tuning.config_for(tokens, shape), expert_map=expert_map)
             check.perturb(output)
             if theirs is not None:  # on a mismatch the call returns vLLM's result
                 agreed = check.judge(bucket, output, theirs, tuple(hidden_states.shape))

@@ -8,13 +8,16 @@ File format::
 
     {"max_tokens": N,                                   # served up to N tokens for shapes not in "served"
      "served": {"E128-H2048-I768-K8": [1, 2, 4, 8, 16]}, # measured token bounds the kernel won at, per shape
-     "config": {...LaunchConfig...}, "by_tokens": {"2": {...}, "8": {...}}}
+     "config": {...LaunchConfig...}, "by_tokens": {"2": {...}, "8": {...}},
+     "by_shape": {"E8-H4096-I14336-K2": {"2": {...}}}}     # optional: where one expert shape is faster so
 
 A shape in ``served`` (experts E, hidden H, intermediate I, top-k K) takes a call of M tokens when the
 smallest measured bound >= M is listed (the measured bounds: ``"measured"``, default 1, 2, 4, 8, 16); M
 above every measured bound is handed over. ``by_tokens`` (optional)
 maps an upper token bound to the blocks used up to it (the smallest bound >= M wins), ``config`` serves the
-rest.
+rest. ``by_shape`` (optional) does the same for one expert shape, before ``by_tokens``: the sweep measures
+every candidate on every shape, and where a shape's fastest launch is not the one best over all shapes it
+is kept there.
 """
 
 from dataclasses import dataclass, field
@@ -52,6 +55,7 @@ class Tuning:
     by_tokens: tuple = ()  # ((upper token bound, LaunchConfig), ...) ascending
     served: dict = field(default_factory=dict)  # shape_key -> frozenset of served bounds
     measured: tuple = MEASURED
+    by_shape: dict = field(default_factory=dict)  # shape_key -> ((upper token bound, LaunchConfig), ...)
 
     @property
     def largest_served(self) -> int:
@@ -65,7 +69,11 @@ class Tuning:
         bound = next((b for b in self.measured if b >= tokens), None)
         return bound is not None and bound in bounds
 
-    def config_for(self, tokens: int) -> LaunchConfig:
+    def config_for(self, tokens: int, shape: str | None = None) -> LaunchConfig:
+        """The launch for ``tokens`` tokens, of the expert shape ``shape`` (:func:`shape_key`) if given."""
+        for bound, config in self.by_shape.get(shape, ()):
+            if tokens <= bound:
+                return config
         for bound, config in self.by_tokens:
             if tokens <= bound:
                 return config
@@ -105,8 +113,10 @@ def load(family: str) -> Tuning | None:
     try:
         config = LaunchConfig(**doc["config"]) if "config" in doc else default_config(family)
         by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in doc.get("by_tokens", {}).items()))
+        by_shape = {str(key): tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in entries.items()))
+                    for key, entries in doc.get("by_shape", {}).items()}
     except (TypeError, ValueError, AttributeError) as exc:
-        raise TuningError(f"{source}: bad 'config' or 'by_tokens' ({exc})") from exc
+        raise TuningError(f"{source}: bad 'config', 'by_tokens' or 'by_shape' ({exc})") from exc
     try:
         measured = tuple(sorted(int(b) for b in doc.get("measured", MEASURED)))
         served = {} if threshold is not None else {str(key): frozenset(int(b) for b in bounds)
@@ -114,4 +124,5 @@ def load(family: str) -> Tuning | None:
     except (TypeError, ValueError, AttributeError) as exc:
         raise TuningError(f"{source}: bad 'served' or 'measured' ({exc})") from exc
     max_tokens = threshold if threshold is not None else doc["max_tokens"]
-    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens, served, measured)
+    return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens, served, measured,
+                  by_shape if threshold is None else {})
