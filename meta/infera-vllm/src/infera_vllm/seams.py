@@ -13,8 +13,7 @@ Two kinds of change, each under the name of the op that made it:
 Both do nothing and return False when the same op already made that change in this process: ``activate``
 may run again, and a forked child inherits its parent's changes together with these records. The owner and
 the registry are looked up when the change is made, not at import: a name vLLM does not have raises, which
-the plugin turns into the op's ``activate-error`` decline. Code that assigns such attributes itself runs
-inside ``recording(op, (owner, name), ...)``, which records what it changed as ``op``'s wraps.
+the plugin turns into the op's ``activate-error`` decline.
 
 Undoing restores the owner's own entry as it was (removing it where there was none, so an inherited method
 shows through again); a change that something else has replaced since is left in place and returned.
@@ -22,9 +21,8 @@ shows through again); a change that something else has replaced since is left in
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 _ABSENT = object()  # the owner had no entry of its own under that name
 
@@ -98,18 +96,6 @@ def register(op: str, owner: Any, name: str, key: Any, install: Callable[[], Any
         raise LookupError(f"{install!r} put no {key!r} into {name}")
     _changes.append(Change(op, owner, name, key, before, table[key]))
     return True
-
-
-@contextlib.contextmanager
-def recording(op: str, *attributes: tuple[Any, str]) -> Iterator[None]:
-    """Records as ``op``'s wraps what the block assigns to the given ``(owner, name)`` attributes itself (an
-    attribute left as it was is not recorded: that code's own once-per-process check kept it)."""
-    before = [(owner, name, vars(owner).get(name, _ABSENT)) for owner, name in attributes]
-    yield
-    for owner, name, entry in before:
-        now = vars(owner).get(name, _ABSENT)
-        if now is not entry:
-            _changes.append(Change(op, owner, name, _ABSENT, entry, now))
 
 
 def changes(op: str | None = None) -> list[Change]:

@@ -143,7 +143,8 @@ class InferaAttentionImpl(TritonAttentionImpl):
             # FA3 picks its schedule from this batch's lengths: outside CUDA graphs only (under a full graph
             # a captured prefill or mixed batch runs the ragged kernel, whose grid is fixed by its shape)
             prefill = self._infera_prefill
-            if prefill == guard.FA3 and not decode and (capturing or kv_views(kv_cache, self.head_size)[0].shape[1] % 16):
+            if prefill == guard.FA3 and not decode and (
+                    capturing or kv_views(kv_cache, self.head_size)[0].shape[1] % 16):
                 prefill = "kernel"  # FA3's paged cache takes pages of a multiple of 16 tokens
             reason = guard.batch_decline(query, decode, prefill, extras,
                                          output_scale is not None or output_block_scale is not None,
@@ -240,37 +241,36 @@ class InferaAttentionImpl(TritonAttentionImpl):
         value_cache[slots // page, slots % page] = value[:n][live].to(value_cache.dtype)
 
 
-def make_platform_default() -> None:
+def make_platform_default(op_name: str) -> None:
     """vLLM's automatic backend choice (no ``--attention-backend``) becomes this backend wherever vLLM's own
     validation accepts it for the layer (head size, dtype, KV-cache dtype, block size, MLA, sinks, ...; the
     platform passes exactly what its selector would), else vLLM's own choice; an explicit selection is
-    untouched. Wraps the current platform class's ``get_attn_backend_cls`` once per process (a forked child
-    inherits it); each refusal is counted at plan (``not-default``) and its first reason logged once."""
+    untouched. Wraps the current platform class's ``get_attn_backend_cls`` through :mod:`infera_vllm.seams`
+    under ``op_name``, once per process (a forked child inherits it); each refusal is counted at plan
+    (``not-default``) and its first reason logged once."""
     from vllm.platforms import current_platform
 
-    from infera_vllm import log
-
-    platform_cls = type(current_platform)
-    original = platform_cls.get_attn_backend_cls
-    if getattr(original, "_infera_default", False):
-        return
+    from infera_vllm import log, seams
 
     logged: set[str] = set()
 
-    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
-        if selected_backend is None:
-            reasons = InferaAttentionBackend.validate_configuration(
-                device_capability=cls.get_device_capability(), **attn_selector_config._asdict())
-            if not reasons:
-                return f"{InferaAttentionBackend.__module__}.{InferaAttentionBackend.__qualname__}"
-            _count("not-default", None, "plan")
-            if reasons[0] not in logged:
-                logged.add(reasons[0])
-                log.info("infera-vllm: attn-paged is not the default for a layer (%s): vLLM chooses", reasons[0])
-        return original(selected_backend, attn_selector_config, *args, **kwargs)
+    def make(original):
+        def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
+            if selected_backend is None:
+                reasons = InferaAttentionBackend.validate_configuration(
+                    device_capability=cls.get_device_capability(), **attn_selector_config._asdict())
+                if not reasons:
+                    return f"{InferaAttentionBackend.__module__}.{InferaAttentionBackend.__qualname__}"
+                _count("not-default", None, "plan")
+                if reasons[0] not in logged:
+                    logged.add(reasons[0])
+                    log.info("infera-vllm: attn-paged is not the default for a layer (%s): vLLM chooses",
+                             reasons[0])
+            return original(selected_backend, attn_selector_config, *args, **kwargs)
 
-    get_attn_backend_cls._infera_default = True
-    platform_cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+        return classmethod(get_attn_backend_cls)
+
+    seams.wrap(op_name, type(current_platform), "get_attn_backend_cls", make)
 
 
 class InferaAttentionBackend(TritonAttentionBackend):

@@ -46,13 +46,9 @@ def activate(ctx) -> Decline | None:
                    lambda: registry.register_backend(custom, BACKEND))
     ctx.note = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
     if default:
-        from vllm.platforms import current_platform
-
         from infera_ops.attn_paged import backend
 
-        # make_platform_default wraps the platform class's method itself (once per process): recorded
-        with seams.recording(ctx.spec.name, (type(current_platform), "get_attn_backend_cls")):
-            backend.make_platform_default()
+        backend.make_platform_default(ctx.spec.name)
         ctx.note = "vLLM's automatic attention choice where it validates (INFERA_ATTN_PAGED_DEFAULT=1), and CUSTOM"
     return None
 

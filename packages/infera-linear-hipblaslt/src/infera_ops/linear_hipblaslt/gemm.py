@@ -29,7 +29,7 @@ from torch import Tensor
 from infera_ops.linear_hipblaslt import ops
 from infera_ops.linear_hipblaslt.spec import SPEC
 from infera_ops.linear_hipblaslt.table import Table
-from infera_vllm import coverage, self_check
+from infera_vllm import coverage, seams, self_check
 from infera_vllm.switches import op_value
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -128,7 +128,6 @@ def _wrap_dispatch(original, ours: tuple, platform_gemm):
             _state["count"]("user-linear-backend", None, "plan")
         return chosen
 
-    dispatch_unquantized_gemm._infera_original = original
     return dispatch_unquantized_gemm
 
 
@@ -144,7 +143,6 @@ def _wrap_lm_head(original):
 
         return lm_head_gemm
 
-    dispatch_unquantized_gemm._infera_original = original
     return dispatch_unquantized_gemm
 
 
@@ -158,12 +156,13 @@ def _layerless(vllm_gemm, utils):
 
 
 def install(op_name: str, table: Table, cpu: bool) -> None:
-    """Wrap vLLM's dispatch (idempotent: a forked child already has it)."""
+    """Wrap vLLM's dispatch in both modules through :mod:`infera_vllm.seams`, once per process (a forked
+    child already has it, with the records)."""
     import vllm.model_executor.layers.linear as linear_mod
     import vllm.model_executor.layers.utils as utils
     import vllm.model_executor.layers.vocab_parallel_embedding as vocab
 
-    if hasattr(linear_mod.dispatch_unquantized_gemm, "_infera_original"):
+    if seams.changes(op_name):
         return
     _state.update(table=table, count=coverage.CallCounts(op_name, HANDOVERS),
                   eager=op_value(SPEC, "INFERA_LINEAR_EAGER"), check=self_check.Checker(op_name, SPEC.self_check_bound))
@@ -172,6 +171,8 @@ def install(op_name: str, table: Table, cpu: bool) -> None:
     platform_default = linear_mod.dispatch_unquantized_gemm()
     _state["vllm_gemm"] = _layerless(platform_default, utils)
     ours = tuple((fn, _make_gemm(fn, allow_cpu=cpu)) for fn in vllm_gemms)
-    platform_gemm = next((gemm for fn, gemm in ours if fn is platform_default), None) or _make_gemm(platform_default, cpu)
-    linear_mod.dispatch_unquantized_gemm = _wrap_dispatch(linear_mod.dispatch_unquantized_gemm, ours, platform_gemm)
-    vocab.dispatch_unquantized_gemm = _wrap_lm_head(vocab.dispatch_unquantized_gemm)
+    platform_gemm = (next((gemm for fn, gemm in ours if fn is platform_default), None)
+                     or _make_gemm(platform_default, cpu))
+    seams.wrap(op_name, linear_mod, "dispatch_unquantized_gemm",
+               lambda original: _wrap_dispatch(original, ours, platform_gemm))
+    seams.wrap(op_name, vocab, "dispatch_unquantized_gemm", _wrap_lm_head)

@@ -6,7 +6,6 @@ a family without a table (``not-tuned``: run ``infera-vllm tune linear`` on that
 switch (``bad-tuning``). ``plan`` answers ``infera-vllm doctor --model`` per linear layer.
 """
 
-from infera_vllm import seams
 from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
 
@@ -31,14 +30,9 @@ def check(ctx) -> Decline | None:
 def activate(ctx) -> Decline | None:
     """Installs the seam; the plugin calls it only once ``check(ctx)`` passed."""
     found, _ = _table(ctx.env.gpu_family or "unknown")
-    import vllm.model_executor.layers.linear as linear
-    import vllm.model_executor.layers.vocab_parallel_embedding as vocab
-
     from infera_ops.linear_hipblaslt import gemm
 
-    # gemm.install wraps both modules' dispatch itself (once per process): recorded
-    with seams.recording(ctx.spec.name, (linear, "dispatch_unquantized_gemm"), (vocab, "dispatch_unquantized_gemm")):
-        gemm.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu")
+    gemm.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu")
     ctx.note = f"{len(found)} tuned shapes ({found.source})"
     # which shapes go to infera::linear is decided while Dynamo traces: another table is another graph
     ctx.compile_key = found.digest()
