@@ -42,7 +42,8 @@ PASSES = 1
 FUSED_UP_TO = 4  # the fused form is tried up to this M (its fp32 partials grow with M·TOPK·I/BLOCK_I)
 SPLIT_START = dict(form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=4,
                    min_programs=0, pdl=False, prefetch_down=False, early_down=False)
-SPLIT_SPACE = {"early_down": (False, True), "pdl": (False, True), "prefetch_down": (False, True), "block_i": (32, 64, 128), "block_h": (64, 128),
+SPLIT_SPACE = {"early_down": (False, True), "pdl": (False, True), "prefetch_down": (False, True),
+               "block_i": (32, 64, 128), "block_h": (64, 128),
                "num_stages": (2, 3, 4), "block_n": (64, 128), "min_programs": (0, 264)}
 FUSED_START = dict(form="fused", block_i=64, block_h=128, block_n=128, num_warps=4, num_stages=3, min_programs=0,
                    pdl=False)

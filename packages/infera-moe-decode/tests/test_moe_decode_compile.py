@@ -2,11 +2,11 @@
 there, without spilling (infera_vllm.aot: Triton's lowering and the backend's register allocation run ahead
 of time, no GPU needed). Launches are not checked here.
 
-Launches: each entry of the family's packaged tuning file (sm90; ``by_tokens`` and ``by_shape``), else the family's defaults
-(``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on a family without
-a file); the persistent form and the split form with ``early_down`` at the defaults too where the file has
-no such entry. ``INFERA_AOT_FAMILY``
-picks the families (the nox session of a family sets its own); unset: all of them.
+Launches: each entry of the family's packaged tuning file (sm90; ``by_tokens`` and ``by_shape``), else the
+family's defaults (``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on
+a family without a file); the persistent form and the split form with ``early_down`` at the defaults too
+where the file has no such entry. ``INFERA_AOT_FAMILY`` picks the families (the nox session of a family sets
+its own); unset: all of them.
 """
 
 import json

@@ -11,7 +11,8 @@ from infera_ops.moe_decode.reference import moe_experts_reference
 pytestmark = pytest.mark.interpret
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
+                allow_module_level=True)
 pytest.importorskip("triton")
 ops = importlib.import_module("infera_ops.moe_decode.ops")
 kernels = importlib.import_module("infera_ops.moe_decode.kernels")
@@ -44,7 +45,8 @@ def _check(out, ref, dtype):
 
 
 @pytest.mark.parametrize("M, H, I, E, topk", [
-    (1, 64, 32, 4, 1), (1, 96, 40, 8, 8), (3, 100, 24, 6, 4), (5, 48, 56, 5, 2), (16, 64, 32, 4, 3), (7, 130, 20, 16, 8),
+    (1, 64, 32, 4, 1), (1, 96, 40, 8, 8), (3, 100, 24, 6, 4), (5, 48, 56, 5, 2), (16, 64, 32, 4, 3),
+    (7, 130, 20, 16, 8),
 ])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @FORMS

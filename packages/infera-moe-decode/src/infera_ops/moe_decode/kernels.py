@@ -38,7 +38,8 @@ In the split form each kernel has a fixed cost (its first loads, its last progra
 several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
 against 11.5 us of traffic at its read bandwidth, 9.5 us for the down kernel against 5.7. With ``USE_PDL``
 each kernel after the first is a programmatic dependent of the one before (it launches while that one
-drains and waits for its writes), and with ``PREFETCH_DOWN`` each gate/up program, once its own tiles are done, asks L2 to fetch its share of the same expert's W2
+drains and waits for its writes), and with ``PREFETCH_DOWN`` each gate/up program, once its own tiles are
+done, asks L2 to fetch its share of the same expert's W2
 (``prefetch.global.L2``), so the DRAM stays busy through the gate/up kernel's tail and the down kernel
 reads from L2. Only worth it while the W2 of the experts in play fits in L2 beside the gate/up stream.
 With ``EARLY_DOWN`` (and PDL) the gate/up kernel releases the down kernel as soon as all its programs have
@@ -429,7 +430,8 @@ FORMS = ("split", "fused", "persistent")
 class LaunchConfig:
     """Form, block sizes and pipelining (defaults; the per-GPU-family tuning file overrides them, see
     tuning.py). ``form`` (module docstring): ``split`` or ``persistent`` (``block_i``/``block_h`` gate/up,
-    ``block_n``/``block_k`` down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``). ``num_warps`` and ``num_stages`` apply
+    ``block_n``/``block_k`` down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``). ``num_warps`` and
+    ``num_stages`` apply
     to the weight-streaming kernels: at decode the depth of the load pipeline matters more than the arithmetic layout.
     ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
     give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``

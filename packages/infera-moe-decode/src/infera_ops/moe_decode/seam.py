@@ -20,7 +20,8 @@ def _tuning(ctx):
         return None, Decline("bad-tuning", str(exc))
     if found is None:
         return None, Decline("not-tuned", f"no tuning file for {ctx.env.gpu_family}: run "
-                                          "benchmarks/tune_moe_decode.py on that GPU, or set INFERA_MOE_DECODE_MAX_TOKENS")
+                                          "benchmarks/tune_moe_decode.py on that GPU, "
+                                          "or set INFERA_MOE_DECODE_MAX_TOKENS")
     return found, None
 
 
@@ -30,7 +31,8 @@ def check(ctx) -> Decline | None:
         return off
     if ctx.env.gpu_family == "cpu":
         if ctx.env.vllm and not version_in(ctx.env.vllm, ">=0.32"):
-            return Decline("cpu-monolithic", f"vLLM {ctx.env.vllm}'s CPU MoE is monolithic (no experts class to extend)")
+            return Decline("cpu-monolithic",
+                           f"vLLM {ctx.env.vllm}'s CPU MoE is monolithic (no experts class to extend)")
     return _tuning(ctx)[1]
 
 

@@ -112,7 +112,8 @@ def load(family: str) -> Tuning | None:
     doc = doc or {}
     try:
         config = LaunchConfig(**doc["config"]) if "config" in doc else default_config(family)
-        by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in doc.get("by_tokens", {}).items()))
+        by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks))
+                                 for bound, blocks in doc.get("by_tokens", {}).items()))
         by_shape = {str(key): tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in entries.items()))
                     for key, entries in doc.get("by_shape", {}).items()}
     except (TypeError, ValueError, AttributeError) as exc:
