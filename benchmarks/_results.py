@@ -62,7 +62,7 @@ def copy_ceiling_tb_s(gib: int = 2) -> float:
 
     src = torch.empty(gib * 1024**3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    ms = do_bench(lambda dst=dst, src=src: dst.copy_(src), return_mode="median")
     nbytes = 2 * src.numel() * 2
     del src, dst
     torch.cuda.empty_cache()
@@ -93,9 +93,9 @@ def read_ceiling_tb_s(gib: int = 4) -> float:
     for programs, block, warps in ((sms * 4, 4096, 8), (sms * 8, 2048, 4), (sms * 2, 8192, 16), (sms * 4, 16384, 16),
                                    (sms * 16, 4096, 4)):
         part = torch.empty(programs, dtype=torch.float32, device="cuda")
-        best = min(best, do_bench(lambda: _stream_sum[(programs,)](x, part, x.numel(), BLOCK=block,
-                                                                   num_warps=warps), return_mode="median"))
-    best = min(best, do_bench(lambda: x.sum(dtype=torch.float32), return_mode="median"))
+        best = min(best, do_bench(lambda x=x: _stream_sum[(programs,)](x, part, x.numel(), BLOCK=block,
+                                                                       num_warps=warps), return_mode="median"))
+    best = min(best, do_bench(lambda x=x: x.sum(dtype=torch.float32), return_mode="median"))
     nbytes = x.numel() * 2
     del x
     torch.cuda.empty_cache()

@@ -5,9 +5,9 @@ prefill token counts; for each, the best of a small block grid (or the tuning ta
 shape is tuned), all timed from CUDA-graph replays. Beside them the library's other routes that torch
 reaches: cuBLASLt instead of cuBLAS (``torch.backends.cuda.preferred_blas_library``) and TunableOp's
 per-shape algorithm search (tuned once per shape outside the timing, then replayed; the solution it
-picked is recorded), so the table can say whether any BLASLt choice beats the default. Floor = max(weight bytes / copy bandwidth,
-FLOPs / 790 TFLOP/s). Prints a table, writes JSON after every row (a time-out keeps what finished) and a
-plot under ``results/<gpu>/`` (or ``$BENCH_OUT``).
+picked is recorded), so the table can say whether any BLASLt choice beats the default. Floor =
+max(weight bytes / copy bandwidth, FLOPs / 790 TFLOP/s). Prints a table, writes JSON after every row (a
+time-out keeps what finished) and a plot under ``results/<gpu>/`` (or ``$BENCH_OUT``).
 
     python benchmarks/bench_linear.py [--tokens 1,16,64,512]
 """

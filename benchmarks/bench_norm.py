@@ -95,10 +95,13 @@ def main() -> int:
                     row[f"speedup{mode}_vs_vllm_c"] = row[f"vllm_c{mode}_us"] / row[f"infera{mode}_us"]
                 rows.append(row)
                 print(f"{op:<19} H={H:<5} M={M:<6} graph: infera {row['infera_graph_us']:7.2f} vllm_c "
-                      f"{row['vllm_c_graph_us']:7.2f} compiled {row['native_compiled_graph_us']:7.2f} x{row['speedup_graph_vs_vllm_c']:.2f}"
+                      f"{row['vllm_c_graph_us']:7.2f} compiled {row['native_compiled_graph_us']:7.2f} "
+                      f"x{row['speedup_graph_vs_vllm_c']:.2f}"
                       f" | cold: infera {row['infera_cold_us']:7.2f} vllm_c {row['vllm_c_cold_us']:7.2f} "
-                      f"x{row['speedup_cold_vs_vllm_c']:.2f} ({row['infera_cold_pct_copy']:4.1f}% vs {row['vllm_c_cold_pct_copy']:4.1f}% of copy)"
-                      f" | eager: infera {row['infera_us']:6.1f} kernel {row['infera_kernel_us']:6.1f} vllm_c {row['vllm_c_us']:6.1f} "
+                      f"x{row['speedup_cold_vs_vllm_c']:.2f} ({row['infera_cold_pct_copy']:4.1f}% vs "
+                      f"{row['vllm_c_cold_pct_copy']:4.1f}% of copy)"
+                      f" | eager: infera {row['infera_us']:6.1f} kernel {row['infera_kernel_us']:6.1f} "
+                      f"vllm_c {row['vllm_c_us']:6.1f} "
                       f"x{row['speedup_vs_vllm_c']:.2f}", flush=True)
                 del sets
     out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
@@ -118,14 +121,16 @@ def plot(rows, ceiling, path):
     import matplotlib.pyplot as plt
 
     ops_run = sorted({r["op"] for r in rows}, reverse=True)
-    fig, axes = plt.subplots(len(ops_run), len(HS), figsize=(4 * len(HS), 3.5 * len(ops_run)), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(len(ops_run), len(HS), figsize=(4 * len(HS), 3.5 * len(ops_run)), sharey=True,
+                             squeeze=False)
     for i, op in enumerate(ops_run):
         for j, H in enumerate(HS):
             ax = axes[i][j]
             sel = [r for r in rows if r["op"] == op and r["H"] == H]
             ms = [r["M"] for r in sel]
             for name, style in (("infera", "o-"), ("vllm_c", "s-"), ("native_compiled", "^-")):
-                ax.plot(ms, [r["bytes"] / (r[f"{name}_cold_us"] * 1e-6) / 1e12 for r in sel], style, label=f"{name} (HBM)")
+                ax.plot(ms, [r["bytes"] / (r[f"{name}_cold_us"] * 1e-6) / 1e12 for r in sel], style,
+                        label=f"{name} (HBM)")
             for name, style in (("infera", "o:"), ("vllm_c", "s:")):
                 ax.plot(ms, [r["bytes"] / (r[f"{name}_graph_us"] * 1e-6) / 1e12 for r in sel], style, alpha=0.5,
                         label=f"{name} (L2 warm)")

@@ -163,7 +163,8 @@ def summarize(runs: dict, cfg: dict, preset: dict, args, machine: dict, out_dir:
     the plugin-off medians of the first two rounds (the run-to-run noise a difference must exceed)."""
     ceiling_bw = float(os.environ.get("COPY_CEILING_TB_S", "4.27")) * 1e12  # H200 copy ceiling (bench_moe_decode)
     rows = []
-    print(f"{'batch':>5} {'off tok/s':>10} {'on tok/s':>10} {'on/off':>7} {'off/off':>7} {'ceiling':>8} {'agreement':>9}")
+    print(f"{'batch':>5} {'off tok/s':>10} {'on tok/s':>10} {'on/off':>7} {'off/off':>7} {'ceiling':>8} "
+          f"{'agreement':>9}")
     for batch in map(str, preset["batches"]):
         samples = {label: [x for res, _ in runs[label] for x in res[batch]["tokens_per_s_all"]] for label in RUNS}
         rate = {label: _median(samples[label]) for label in RUNS}
@@ -176,7 +177,8 @@ def summarize(runs: dict, cfg: dict, preset: dict, args, machine: dict, out_dir:
                      "spread": {label: (max(v) - min(v)) / rate[label] for label, v in samples.items()},
                      "weight_traffic_ceiling_tokens_per_s": ceiling, "all": samples, **agree})
         print(f"{batch:>5} {rate['off']:>10.1f} {rate['on']:>10.1f} {rate['on'] / rate['off']:>7.3f} "
-              f"{off_vs_off if off_vs_off is not None else float('nan'):>7.3f} {ceiling:>8.0f} {agree['agreement']:>9.3f}")
+              f"{off_vs_off if off_vs_off is not None else float('nan'):>7.3f} {ceiling:>8.0f} "
+              f"{agree['agreement']:>9.3f}")
     coverage = _coverage(runs["on"][0][1])  # plugin off writes no report
     print("moe-decode coverage (plugin on, first round):", json.dumps(coverage))
     doc = {"benchmark": "e2e_moe_decode", "machine": machine, "preset": args.preset,

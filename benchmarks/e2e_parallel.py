@@ -82,7 +82,8 @@ def run_one(model: str, tp: int, ep: bool, preset: dict, vocab: int) -> dict:
     rng = random.Random(0)
     prompts = [[rng.randrange(1, vocab) for _ in range(preset["prompt_tokens"])] for _ in range(preset["prompts"])]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0, detokenize=False), use_tqdm=False)
+                        SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0, detokenize=False),
+                        use_tqdm=False)
     top1 = [[next(t for t, lp in pos.items() if lp.rank == 1) for pos in o.prompt_logprobs[1:]] for o in outs]
     params = SamplingParams(max_tokens=preset["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
     rates = {}
@@ -134,7 +135,8 @@ def _coverage(report_dir: str) -> dict | None:
     except FileNotFoundError:
         return None  # plugin off writes no report
     return {"processes": [f"{p['name']} pid {p['pid']}: {', '.join(p['active']) or '-'}" for p in merged["processes"]],
-            "verdicts": [f"{o['op']}: {o['status']} {o['reason']} (x{o['processes']} processes)" for o in merged["ops"]],
+            "verdicts": [f"{o['op']}: {o['status']} {o['reason']} (x{o['processes']} processes)"
+                         for o in merged["ops"]],
             "counts": [f"{c['op']} {c['route']} {c['reason'] or '-'} [{c['bucket']}] at {c['at']}: {c['count']} "
                        f"(x{c['processes']} processes)" for c in merged["counts"]]}
 
@@ -197,7 +199,8 @@ def _rows(runs: dict) -> list[dict]:
 
 def render(result: dict) -> str:
     lines = [f"== {result['model']}",
-             f"{'run':<10} {'agree/tp2-off':>13} {'agree/tp1-off':>13} {'tok/s b=1':>10} {'tok/s b=max':>11} {'on/off':>12}"]
+             f"{'run':<10} {'agree/tp2-off':>13} {'agree/tp1-off':>13} {'tok/s b=1':>10} {'tok/s b=max':>11} "
+             f"{'on/off':>12}"]
     for r in result["rows"]:
         if r["error"]:
             lines.append(f"{r['run']:<10} FAILED ({r['error']})")

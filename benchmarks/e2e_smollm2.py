@@ -5,7 +5,8 @@ draws a plot, and writes JSON with the GPU, versions and commit under ``benchmar
 
     python benchmarks/e2e_smollm2.py --preset cpu      # CI-sized, eager
     TRITON_INTERPRET=1 python benchmarks/e2e_smollm2.py --preset cpu-attn   # attn-paged's kernels, real weights
-    python benchmarks/e2e_smollm2.py --preset h200     # 8 x 1500 teacher-forced tokens, 256 chats x 256 tokens, CUDA graphs
+    python benchmarks/e2e_smollm2.py --preset h200     # 8 x 1500 teacher-forced tokens, 256 chats x 256 tokens,
+                                                       # CUDA graphs
 
 Runs (each in its own process, see infera_vllm.harness): ``off`` and ``off2`` (plugin off twice: the noise
 floor), ``on`` (plugin on), and on GPUs ``off-triton`` (vLLM's TRITON_ATTN, plugin off: how far a different
@@ -83,14 +84,16 @@ def plot(summary: dict, path: str) -> None:
 
     runs = summary["runs"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.bar([r["label"] for r in runs], [r["tokens_per_s"] for r in runs], color=["C0" if not r["plugin"] else "C1" for r in runs])
+    a.bar([r["label"] for r in runs], [r["tokens_per_s"] for r in runs],
+          color=["C0" if not r["plugin"] else "C1" for r in runs])
     for i, r in enumerate(runs):  # every timed repeat, the bar is their median
         a.plot([i] * len(r["tokens_per_s_all"]), r["tokens_per_s_all"], "k.", ms=4)
     a.set_ylabel("generated tokens / s (median of repeats)")
     a.set_title("throughput (plugin off: blue, on: orange)")
     cmp = [(r["label"], next(v for k, v in r.items() if k.startswith("vs_"))["agreement"]) for r in runs[1:]]
     b.bar([c[0] for c in cmp], [c[1] for c in cmp], color="C2")
-    b.axhline(summary["model_accuracy"], color="k", ls="--", label=f"model top-1 accuracy {summary['model_accuracy']:.3f}")
+    b.axhline(summary["model_accuracy"], color="k", ls="--",
+              label=f"model top-1 accuracy {summary['model_accuracy']:.3f}")
     b.axhline(1.0, color="grey", ls=":", label="ceiling: identical predictions")
     b.set_ylim(min([c[1] for c in cmp] + [summary["model_accuracy"]]) - 0.05, 1.01)
     b.set_title(f"teacher-forced top-1 agreement with '{runs[0]['label']}'")
@@ -109,7 +112,6 @@ def main() -> int:
                         help="run the configurations in turn this many times (A B A B ...): drift lands on all alike")
     args = parser.parse_args()
 
-    preset = PRESETS[args.preset]
     model = args.model or smollm2.prepare()
     machine = describe_machine()
     out_dir = args.out or results_dir(machine)

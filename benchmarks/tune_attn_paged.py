@@ -117,7 +117,8 @@ def main() -> int:
         table[str(D)] = {**asdict(cfg), **asdict(pol), "pdl": bool(pdl)}
         doc["head_sizes"][str(D)] = {"rows": labels, "fa3_us": fa3, "default": base, "best": best,
                                      "candidates": list(seen.values())}
-        del cases
+        # this head size's tensors go before the next size's are made; emptied, not deleted: score reads the name
+        cases.clear()
         torch.cuda.empty_cache()
 
     out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)

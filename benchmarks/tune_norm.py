@@ -71,7 +71,8 @@ def tensor_sets(op: str, M: int, H: int, cold: bool):
     sets = []
     for _ in range(n):
         x = torch.randn(M, H, dtype=torch.bfloat16, device="cuda")
-        other = torch.randn(M, H, dtype=torch.bfloat16, device="cuda") if op == "fused_add_rms_norm" else torch.empty_like(x)
+        other = (torch.randn(M, H, dtype=torch.bfloat16, device="cuda") if op == "fused_add_rms_norm"
+                 else torch.empty_like(x))
         sets.append((x, other, w))
     return sets
 

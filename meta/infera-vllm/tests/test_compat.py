@@ -56,7 +56,8 @@ def test_spec_problems_name_the_field(field, kw):
 def test_torch_and_triton_too_old(env):
     assert compat.check_versions(_spec(torch=">=99"), env).code == Reason.TORCH_VERSION
     assert compat.check_versions(_spec(triton=">=99"), env).code in (Reason.TRITON_VERSION, Reason.TRITON_MISSING)
-    assert compat.check_versions(_spec(triton=">=3"), dataclasses.replace(env, triton=None)).code == Reason.TRITON_MISSING
+    no_triton = dataclasses.replace(env, triton=None)
+    assert compat.check_versions(_spec(triton=">=3"), no_triton).code == Reason.TRITON_MISSING
 
 
 @pytest.mark.parametrize("version, spec, ok", [
@@ -71,7 +72,8 @@ def test_version_in_treats_local_and_dev_as_their_release(version, spec, ok):
 
 
 def test_symbol_present_on_installed_vllm(env):
-    assert compat.check_symbol(Symbol("vllm.ir.ops", "rms_norm.register_impl", params=("provider", "supports_args")), env.vllm) is None
+    symbol = Symbol("vllm.ir.ops", "rms_norm.register_impl", params=("provider", "supports_args"))
+    assert compat.check_symbol(symbol, env.vllm) is None
 
 
 def test_symbol_missing_module_and_attribute(env):

@@ -108,7 +108,8 @@ def test_bad_files_beside_good_ones_are_named_and_skipped(tmp_path):
         "infera-keys-3.json": "no 'process' with pid, name and host"}
     with pytest.raises(ValueError, match="infera-truncated-1.json"):
         report.load(str(tmp_path))  # without a problems list: refused, naming the file
-    proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(tmp_path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(tmp_path)], capture_output=True,
+                          text=True)
     assert proc.returncode == 0 and "norm" in proc.stdout, proc.stderr
     assert proc.stderr.count("skipped ") == 3 and "infera-list-2.json" in proc.stderr
 

@@ -45,7 +45,8 @@ def test_doctor_reports_every_op_and_fails_when_a_requested_op_cannot_activate(t
     doc = json.loads(proc.stdout)
     assert doc["environment"]["vllm"] and doc["environment"]["gpu_family"]
     verdicts = {o["op"]: (o["verdict"], o["reason"]) for o in doc["ops"]}
-    assert verdicts == {"norm": ("declined", "triton-interpreter-off"), "attn-paged": ("declined", "triton-interpreter-off"),
+    assert verdicts == {"norm": ("declined", "triton-interpreter-off"),
+                        "attn-paged": ("declined", "triton-interpreter-off"),
                         "moe-decode": ("declined", "triton-interpreter-off"),
                         "linear-hipblaslt": ("declined", "not-requested")}
     assert doc["switches"]["INFERA_VLLM_OPS_DISABLE"] is False

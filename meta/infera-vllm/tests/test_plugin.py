@@ -67,7 +67,8 @@ def test_allow_and_exclude_lists(tmp_path):
     ops = ops_by_name(reports(tmp_path)[0])
     assert ops["fixture-good"]["reason"] == "excluded"
     assert ops["norm"]["reason"] == "triton-interpreter-off"
-    assert ops["linear-hipblaslt"]["reason"] == "triton-interpreter-off"  # opt-in op named: it gets as far as the others
+    # an opt-in op that is named gets as far as the others
+    assert ops["linear-hipblaslt"]["reason"] == "triton-interpreter-off"
     assert ops["ghost-op"]["reason"] == "not-installed"
     assert ops["attn-paged"]["reason"] == "not-requested"
 
@@ -118,7 +119,8 @@ except ValueError as exc:
 
 
 def test_malformed_switch_is_a_clear_error(tmp_path):
-    proc = run_python(LOAD_TWICE, check=False, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS_DISABLE": "sometimes"})
+    proc = run_python(LOAD_TWICE, check=False,
+                      env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS_DISABLE": "sometimes"})
     assert proc.returncode != 0 and "INFERA_VLLM_OPS_DISABLE='sometimes'" in proc.stderr
 
 
@@ -164,8 +166,8 @@ def test_spawned_processes_register_and_reports_merge(tmp_path):
     (good,) = [c for c in merged["counts"] if c["op"] == "fixture-good"]
     assert (good["count"], good["processes"]) == (3, 3)
     norm = [o for o in merged["ops"] if o["op"] == "norm"]
-    assert norm == [{"op": "norm", "status": "declined", "reason": "triton-interpreter-off", "detail": norm[0]["detail"],
-                     "processes": 3}]
+    assert norm == [{"op": "norm", "status": "declined", "reason": "triton-interpreter-off",
+                     "detail": norm[0]["detail"], "processes": 3}]
     text = run_python("", args=("-m", "infera_vllm", "report", str(report_dir)), fixture_ops=False).stdout
     assert "infera-vllm coverage: 3 process(es)" in text and "triton-interpreter-off" in text and "3/3" in text
 

@@ -42,6 +42,7 @@ def test_unparseable_flag_is_a_clear_error(value):
         Switches.from_env({"INFERA_VLLM_STRICT": value})
 
 
-@pytest.mark.parametrize("value, expected", [("1", True), ("TRUE", True), ("on", True), ("0", False), ("", False), ("no", False)])
+@pytest.mark.parametrize("value, expected",
+                         [("1", True), ("TRUE", True), ("on", True), ("0", False), ("", False), ("no", False)])
 def test_flag_spellings(value, expected):
     assert Switches.from_env({"INFERA_VLLM_STRICT": value}).strict is expected

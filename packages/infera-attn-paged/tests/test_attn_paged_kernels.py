@@ -127,7 +127,8 @@ def test_split_cap_fills_the_gpu_and_ignores_lengths():
     dev = torch.device(DEV)
     pol = ops.SPLIT_POLICY
     caps = [ops.split_cap(b, 8, dev) for b in (1, 16, 256, 4096)]
-    assert caps == sorted(caps, reverse=True) and caps[0] == min(ops.MAX_SPLITS, pol.programs_per_sm * ops._sm_count(dev) // 8)
+    assert caps == sorted(caps, reverse=True)
+    assert caps[0] == min(ops.MAX_SPLITS, pol.programs_per_sm * ops._sm_count(dev) // 8)
     assert caps[-1] == 1
     for b in (1, 3, 64):
         s = ops.split_cap(b, 3, dev)

@@ -11,7 +11,8 @@ from infera_ops.linear_hipblaslt.reference import linear_reference
 pytestmark = pytest.mark.interpret
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
+                allow_module_level=True)
 pytest.importorskip("triton")
 ops = importlib.import_module("infera_ops.linear_hipblaslt.ops")
 kernels = importlib.import_module("infera_ops.linear_hipblaslt.kernels")

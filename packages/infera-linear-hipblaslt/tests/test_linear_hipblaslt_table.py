@@ -36,8 +36,10 @@ def test_digest_follows_the_entries_not_the_source():
     ("not json", "not JSON"),
     ({"shapes": []}, "'entries' list"),
     ({"entries": [{"n": 1, "k": 2, "dtype": "bfloat16", "bias": False, "buckets": []}]}, "at least one bucket"),
-    ({"entries": [{"n": 1, "k": 2, "dtype": "float32", "bias": False, "buckets": [{"max_m": 1, "choice": "default"}]}]}, "dtype"),
-    ({"entries": [{"n": 1, "k": 2, "dtype": "bfloat16", "bias": False, "buckets": [{"max_m": 1, "choice": "cutlass"}]}]}, "choices"),
+    ({"entries": [{"n": 1, "k": 2, "dtype": "float32", "bias": False,
+                   "buckets": [{"max_m": 1, "choice": "default"}]}]}, "dtype"),
+    ({"entries": [{"n": 1, "k": 2, "dtype": "bfloat16", "bias": False,
+                   "buckets": [{"max_m": 1, "choice": "cutlass"}]}]}, "choices"),
     ({"entries": [{"n": 1, "k": 2, "dtype": "bfloat16", "bias": False,
                    "buckets": [{"max_m": 1, "choice": "triton", "config": {"block_n": 8}}]}]}, ">= 16"),
     ({"entries": [GOOD["entries"][0], GOOD["entries"][0]]}, "listed twice"),
@@ -66,23 +68,25 @@ def test_tuner_shapes_split_for_tensor_parallel(tmp_path):
            "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     one = {(s["n"], s["k"]): s["layers"] for s in linear_shapes(str(tmp_path), 1)}
-    assert one == {(6144, 4096): 2, (4096, 4096): 2, (28672, 4096): 2, (4096, 14336): 2}  # the shapes; no LM head
+    # Llama-3-8B's qkv, o, gate-up and down shapes; no LM head
+    assert one == {(6144, 4096): 2, (4096, 4096): 2, (28672, 4096): 2, (4096, 14336): 2}
     two = {(s["n"], s["k"]) for s in linear_shapes(str(tmp_path), 2)}
     assert two == {(3072, 4096), (4096, 2048), (14336, 4096), (4096, 7168)}  # column parallel split N, row parallel K
 
 
 def test_cli_runs_the_ops_tuner(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 1,
-                                                      "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}))
-    run = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear-hipblaslt", "--model", str(tmp_path), "--dry-run"],
-                         capture_output=True, text=True)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 256, "intermediate_size": 512,
+                                                      "num_hidden_layers": 1, "num_attention_heads": 4,
+                                                      "num_key_value_heads": 2, "vocab_size": 100}))
+    run = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear-hipblaslt", "--model", str(tmp_path),
+                          "--dry-run"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "N=512    K=256" in run.stdout and "x1 layers" in run.stdout  # qkv: (4 + 2·2) heads x 64
-    short = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear", "--model", str(tmp_path), "--dry-run"],
-                           capture_output=True, text=True)
+    short = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear", "--model", str(tmp_path),
+                            "--dry-run"], capture_output=True, text=True)
     assert short.returncode == 0 and short.stdout == run.stdout, short.stderr  # the issue's `tune linear`
-    nomodel = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear-hipblaslt", "--model", str(tmp_path / "x")],
-                             capture_output=True, text=True)
+    nomodel = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear-hipblaslt", "--model",
+                              str(tmp_path / "x")], capture_output=True, text=True)
     assert nomodel.returncode == 2 and "no config.json" in nomodel.stderr
     bad = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "norm"], capture_output=True, text=True)
     assert bad.returncode == 2 and "has no tuner" in bad.stderr and "linear-hipblaslt" in bad.stderr
@@ -99,7 +103,8 @@ def test_doctor_plan_per_layer(monkeypatch, tmp_path):
     path.write_text(json.dumps(GOOD))
     monkeypatch.setenv("INFERA_LINEAR_TUNING", str(path))
     assert plan(Site("linear", "model.layers.0.mlp.down_proj", {"n": 64, "k": 32, "dtype": "bfloat16"})) is None
-    assert plan(Site("linear", "model.layers.0.self_attn.o_proj", {"n": 64, "k": 64, "dtype": "bfloat16"})).code == "untuned"
+    o_proj = Site("linear", "model.layers.0.self_attn.o_proj", {"n": 64, "k": 64, "dtype": "bfloat16"})
+    assert plan(o_proj).code == "untuned"
     assert plan(Site("linear", "lm_head", {"n": 64, "k": 32, "dtype": "bfloat16", "lm_head": True})).code == "lm-head"
     monkeypatch.setenv("INFERA_LINEAR_TUNING", str(tmp_path / "missing.json"))
     assert plan(Site("linear", "x", {"n": 64, "k": 32, "dtype": "bfloat16"})).code == "bad-tuning"

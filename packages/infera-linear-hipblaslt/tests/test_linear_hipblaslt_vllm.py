@@ -38,15 +38,16 @@ import json, sys
 from vllm import LLM, SamplingParams
 
 def main():
-    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=sys.argv[2] == "eager", dtype="bfloat16", max_model_len=256,
-              seed=0, gpu_memory_utilization=0.2)
+    llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=sys.argv[2] == "eager", dtype="bfloat16",
+              max_model_len=256, seed=0, gpu_memory_utilization=0.2)
     prompts = [{"prompt_token_ids": [(5 * i + 3 * j) % 500 + 1 for j in range(12 + i)]} for i in range(2)]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, prompt_logprobs=0, detokenize=False)
     outs = llm.generate(prompts, params, use_tqdm=False)
     res = {"prompts": [p["prompt_token_ids"] for p in prompts],
            "prompt_logprobs": [[pos[tok].logprob for pos, tok in zip(o.prompt_logprobs[1:], o.prompt_token_ids[1:])]
                                for o in outs],
-           "steps": [[(t, lp[t].logprob) for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outs]}
+           "steps": [[(t, lp[t].logprob) for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
+                     for o in outs]}
     print("RESULT" + json.dumps(res))
 
 if __name__ == "__main__":
@@ -104,8 +105,8 @@ def test_tiny_llama_linear_calls_follow_the_table(tmp_path):
     assert o_proj >= 2 * 6 and o_proj % 2 == 0, routes
     assert routes[("kernel", "")] + routes[("handover", "above-table")] == 3 * o_proj, routes
     assert routes[("handover", "above-table")] >= 2, routes
-    compiled_report = json.loads(subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(compiled_dir), "--json"],
-                                                capture_output=True, text=True, check=True).stdout)
+    compiled_report = json.loads(subprocess.run([sys.executable, "-m", "infera_vllm", "report", str(compiled_dir),
+                                                 "--json"], capture_output=True, text=True, check=True).stdout)
     assert any(c["op"] == "linear-hipblaslt" and c["route"] == "kernel" for c in compiled_report["counts"])
     # the self-check ran the first kernel call of each shape and bucket against vLLM's GEMM; every one agreed
     checks = [c for c in report["self_check"] if c["op"] == "linear-hipblaslt"]

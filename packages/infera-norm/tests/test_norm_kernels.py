@@ -13,7 +13,8 @@ from infera_ops.norm.reference import fused_add_rms_norm_reference, rms_norm_ref
 pytestmark = pytest.mark.interpret
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
+                allow_module_level=True)
 pytest.importorskip("triton")
 ops = importlib.import_module("infera_ops.norm.ops")
 

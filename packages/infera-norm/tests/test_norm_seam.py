@@ -10,7 +10,8 @@ import torch
 
 pytestmark = pytest.mark.interpret
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)", allow_module_level=True)
+    pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
+                allow_module_level=True)
 
 SCRIPT = r"""
 import glob, json, os, sys
@@ -42,7 +43,8 @@ with ir.ops.rms_norm.set_priority(["infera", "native"]), ir.ops.fused_add_rms_no
     xi, ri = x.clone(), r.clone()
     y2, h2 = ir.ops.fused_add_rms_norm(xi, ri, w, 1e-6)
     out["fused_err"] = max(rel(y2, y_ref), rel(h2, h_ref))
-    out["inputs_kept"] = bool(torch.equal(xi, x) and torch.equal(ri, r))  # the functional overload clones for in-place impls
+    # the functional overload clones for in-place impls
+    out["inputs_kept"] = bool(torch.equal(xi, x) and torch.equal(ri, r))
 coverage.write_report()
 rep = json.load(open(glob.glob(os.path.join(os.environ["INFERA_VLLM_REPORT_DIR"], "*.json"))[0]))
 out["ops"] = {o["op"]: [o["status"], o["reason"], o["detail"]] for o in rep["ops"]}
@@ -107,7 +109,8 @@ def test_default_priority_is_kept_unless_measured(tmp_path):
     """Not named: vLLM's default priority on every family (no family is in FIRST_BY_DEFAULT: Qwen3-8B lost
     end to end on the H200), so installing the wheel alone changes nothing that serves."""
     res, _ = _run(tmp_path)
-    assert res["ops"]["norm"][0] == "active" and "default priority unchanged" in res["ops"]["norm"][2], res["ops"]["norm"]
+    norm = res["ops"]["norm"]
+    assert norm[0] == "active" and "default priority unchanged" in norm[2], norm
     if res["priority"] is not None:
         assert "infera" not in res["priority"]
 

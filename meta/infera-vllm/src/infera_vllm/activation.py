@@ -70,7 +70,8 @@ class Verdict:
     def line(self) -> str:
         where = f"{self.distribution} {self.version}"
         if self.decline is None:
-            return f"infera-vllm: op {self.name} ({where}) activated: {self.seam}" + (f" [{self.note}]" if self.note else "")
+            note = f" [{self.note}]" if self.note else ""
+            return f"infera-vllm: op {self.name} ({where}) activated: {self.seam}{note}"
         return f"infera-vllm: op {self.name} ({where}) declined: {self.decline}"
 
 
@@ -176,11 +177,13 @@ def activate_all(switches: Switches) -> list[Verdict]:
                     ", ".join(unknown_excluded), ", ".join(sorted(installed)) or "none")
     for v in verdicts:
         if v.decline is not None and str(v.decline.code) in NEEDS_ATTENTION:
-            extra = f" (installed: {', '.join(sorted(installed)) or 'none'})" if v.decline.code == Reason.NOT_INSTALLED else ""
+            extra = (f" (installed: {', '.join(sorted(installed)) or 'none'})"
+                     if v.decline.code == Reason.NOT_INSTALLED else "")
             log.warning("%s%s", v.line(), extra)
         else:
             log.info("%s", v.line())
-        coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline, note=v.note)
+        coverage.record_op(v.name, distribution=v.distribution, version=v.version, seam=v.seam, decline=v.decline,
+                           note=v.note)
     if not verdicts:
         log.info("infera-vllm: no operator wheels installed (pip install infera-norm, ...)")
     problem = compile_key.install({v.name: f"{v.version}{':' + v.compile_key if v.compile_key else ''}"

@@ -63,11 +63,13 @@ def _tune(op: str, args: list[str]) -> int:
         op = short[0]
     if op not in found or found[op].spec is None:
         problem = found[op].problem if op in found else "no installed wheel provides it"
-        print(f"infera-vllm tune: op {op!r}: {problem} (installed: {', '.join(sorted(found)) or 'none'})", file=sys.stderr)
+        print(f"infera-vllm tune: op {op!r}: {problem} (installed: {', '.join(sorted(found)) or 'none'})",
+              file=sys.stderr)
         return 2
     spec = found[op].spec
     if not spec.tune:
         tunable = sorted(name for name, f in found.items() if f.spec is not None and f.spec.tune)
-        print(f"infera-vllm tune: op {op!r} has no tuner (ops with one: {', '.join(tunable) or 'none'})", file=sys.stderr)
+        print(f"infera-vllm tune: op {op!r} has no tuner (ops with one: {', '.join(tunable) or 'none'})",
+              file=sys.stderr)
         return 2
     return int(activation.load_callable(spec.tune)(args) or 0)

@@ -89,7 +89,8 @@ def spec_problem(spec: OpSpec) -> Decline | None:
 
 
 def _range_problem(spec: OpSpec) -> Decline | None:
-    ranges = [("vllm", spec.vllm), ("torch", spec.torch)] + ([("triton", spec.triton)] if spec.triton is not None else [])
+    ranges = [("vllm", spec.vllm), ("torch", spec.torch)]
+    ranges += [("triton", spec.triton)] if spec.triton is not None else []
     ranges += [(f"requires[{i}] ({symbol}).vllm", symbol.vllm) for i, symbol in enumerate(spec.requires) if symbol.vllm]
     for field_name, value in ranges:
         try:

@@ -150,7 +150,8 @@ def bucket_tokens(n: int) -> str:
 _BUCKETS = [bucket_tokens(1 << k) for k in range(64)]  # bucket of a count in (2^(k-1), 2^k]
 
 
-def record_op(name: str, *, distribution: str, version: str, seam: str, decline: Decline | None, note: str = "") -> None:
+def record_op(name: str, *, distribution: str, version: str, seam: str, decline: Decline | None,
+              note: str = "") -> None:
     """Record an op's startup verdict (one entry per op per process)."""
     _ops[name] = {
         "op": name,
@@ -184,7 +185,9 @@ def snapshot() -> dict[str, object]:
             {"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at, "count": count}
             for (op, route, reason, bucket, at), count in sorted(dict(_counts).items())
         ],
-        "self_check": [{"op": op, "bucket": bucket, **entry} for (op, bucket), entry in sorted(dict(_self_checks).items())],
+        "self_check": [
+            {"op": op, "bucket": bucket, **entry} for (op, bucket), entry in sorted(dict(_self_checks).items())
+        ],
     }
 
 
@@ -205,7 +208,8 @@ def write_report(directory: str | None = None) -> str | None:
 
 def summary_lines() -> list[str]:
     """The one-screen summary logged at exit."""
-    lines = [f"{o['op']}: {o['status']}" + (f" ({o['reason']}: {o['detail']})" if o["reason"] else "") for o in _ops.values()]
+    lines = [f"{o['op']}: {o['status']}" + (f" ({o['reason']}: {o['detail']})" if o["reason"] else "")
+             for o in _ops.values()]
     per_route: dict[tuple[str, str, str], int] = {}
     for (op, route, reason, _bucket, at), count in _counts.items():
         k = (op, route if not reason else f"{route}/{reason}", at)

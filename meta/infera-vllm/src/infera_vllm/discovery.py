@@ -39,15 +39,18 @@ def discover(group: str = ENTRY_POINT_GROUP) -> list[Found]:
             spec = ep.load()
         except Exception as exc:
             found.append(Found(ep.name, dist_name, dist_version, None,
-                               Decline(Reason.SPEC_ERROR, f"entry point {ep.value} failed: {type(exc).__name__}: {exc}")))
+                               Decline(Reason.SPEC_ERROR,
+                                       f"entry point {ep.value} failed: {type(exc).__name__}: {exc}")))
             continue
         if not isinstance(spec, OpSpec):
             found.append(Found(ep.name, dist_name, dist_version, None,
-                               Decline(Reason.SPEC_ERROR, f"entry point {ep.value} is a {type(spec).__name__}, not an OpSpec")))
+                               Decline(Reason.SPEC_ERROR,
+                                       f"entry point {ep.value} is a {type(spec).__name__}, not an OpSpec")))
             continue
         if spec.name != ep.name:
             found.append(Found(ep.name, dist_name, dist_version, None,
-                               Decline(Reason.SPEC_ERROR, f"entry point {ep.name!r} carries a spec named {spec.name!r}")))
+                               Decline(Reason.SPEC_ERROR,
+                                       f"entry point {ep.name!r} carries a spec named {spec.name!r}")))
             continue
         problem = compat.spec_problem(spec)
         if problem is not None:

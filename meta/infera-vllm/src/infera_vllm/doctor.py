@@ -80,7 +80,8 @@ def collect(model: str | None = None) -> tuple[dict, int]:
     verdicts = [activation.evaluate_isolated(f, env, switches, install=False) for f in found]
     names = {v.name for v in verdicts}
     for name in sorted((switches.allow or frozenset()) - names - switches.exclude):
-        verdicts.append(activation.Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
+        verdicts.append(activation.Verdict(name, "-", "-", "-",
+                                           Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
     # the exit code answers "will what I asked for run?": an op named in INFERA_VLLM_OPS that would decline
     # (or, in strict mode, any op that would decline for a reason other than the user's own choice)
     failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN

@@ -96,13 +96,15 @@ def sites(cfg: dict[str, object]) -> list[Site]:
     for i in range(layers):
         p = f"model.layers.{i}"
         out.append(Site("rms_norm", f"{p}.input_layernorm", norm))
-        out.append(Site("linear", f"{p}.self_attn.qkv_proj", {"n": (heads + 2 * kv_heads) * head_dim, "k": hidden, "dtype": dtype}))
+        out.append(Site("linear", f"{p}.self_attn.qkv_proj",
+                        {"n": (heads + 2 * kv_heads) * head_dim, "k": hidden, "dtype": dtype}))
         if qk_norm:
             out.append(Site("rms_norm", f"{p}.self_attn.q_norm", {"hidden_size": head_dim, "dtype": dtype}))
             out.append(Site("rms_norm", f"{p}.self_attn.k_norm", {"hidden_size": head_dim, "dtype": dtype}))
         out.append(Site("attention", f"{p}.self_attn.attn", {
             "num_heads": heads, "num_kv_heads": kv_heads, "head_size": head_dim, "dtype": dtype,
-            "sliding_window": window, "sinks": bool(text.get("attention_sinks") or str(text.get("model_type")) == "gpt_oss"),
+            "sliding_window": window,
+            "sinks": bool(text.get("attention_sinks") or str(text.get("model_type")) == "gpt_oss"),
         }))
         out.append(Site("linear", f"{p}.self_attn.o_proj", {"n": hidden, "k": heads * head_dim, "dtype": dtype}))
         out.append(Site("rms_norm", f"{p}.post_attention_layernorm", norm))

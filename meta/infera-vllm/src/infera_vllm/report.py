@@ -110,15 +110,17 @@ def render(merged: dict) -> str:
     n = len(merged["processes"])
     out = [f"infera-vllm coverage: {n} process(es)"]
     out += _table(["pid", "process", "gpu", "vllm", "active ops"],
-                  [[p["pid"], p["name"], p["gpu_family"], p["vllm"], ",".join(p["active"]) or "-"] for p in merged["processes"]])
+                  [[p["pid"], p["name"], p["gpu_family"], p["vllm"], ",".join(p["active"]) or "-"]
+                   for p in merged["processes"]])
     out += ["", "operators:"]
     out += _table(["op", "status", "reason", "processes", "detail"],
-                  [[o["op"], o["status"], o["reason"] or "-", f"{o['processes']}/{n}", o["detail"]] for o in merged["ops"]])
+                  [[o["op"], o["status"], o["reason"] or "-", f"{o['processes']}/{n}", o["detail"]]
+                   for o in merged["ops"]])
     out += ["", "routed calls:"]
     if merged["counts"]:
         out += _table(["op", "route", "reason", "shape", "counted at", "count", "processes"],
-                      [[c["op"], c["route"], c["reason"] or "-", c["bucket"] or "-", c["at"], c["count"], c["processes"]]
-                       for c in merged["counts"]])
+                      [[c["op"], c["route"], c["reason"] or "-", c["bucket"] or "-", c["at"], c["count"],
+                        c["processes"]] for c in merged["counts"]])
         if any(c["at"] != "call" for c in merged["counts"]):
             out.append("(counted at trace/plan: decided that many times while compiling or capturing graphs; "
                        "replays are not counted)")

@@ -30,7 +30,8 @@ def gguf_dir() -> str:
 def prepare(target: str | None = None) -> str:
     """Convert once and return the checkpoint directory (reused when its config and weights exist)."""
     target = target or os.environ.get("INFERA_SMOLLM2_DIR") or DEFAULT_DIR
-    if os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(target, "model.safetensors")):
+    if (os.path.isfile(os.path.join(target, "config.json"))
+            and os.path.isfile(os.path.join(target, "model.safetensors"))):
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM

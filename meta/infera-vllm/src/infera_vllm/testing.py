@@ -137,8 +137,10 @@ def assert_no_worse_than_vllm(checkpoint: str, on: dict, off: dict) -> dict:
     assert on["prompts"] == off["prompts"]
     errors = {}
     for name, run in (("on", on), ("off", off)):
-        ref = fp32_logprobs(checkpoint, [p + [step[0] for step in s] for p, s in zip(run["prompts"], run["steps"], strict=True)])
+        ref = fp32_logprobs(checkpoint, [p + [step[0] for step in s]
+                                         for p, s in zip(run["prompts"], run["steps"], strict=True)])
         errors[name] = run_error(run, ref)
     bound = 2 * errors["off"]["error"] + BF16_UNIT
-    assert errors["on"]["error"] <= bound, f"plugin on {errors['on']} vs fp32, bound {bound:.4f} from plugin off {errors['off']}"
+    assert errors["on"]["error"] <= bound, (f"plugin on {errors['on']} vs fp32, bound {bound:.4f} "
+                                            f"from plugin off {errors['off']}")
     return {**errors, "bound": bound}

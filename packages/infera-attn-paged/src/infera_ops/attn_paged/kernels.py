@@ -56,8 +56,10 @@ def _paged_kv(k_head_ptr, v_head_ptr, k_block_stride, k_pos_stride, v_block_stri
     blk = tl.load(bt_row_ptr + n // PAGE, mask=n_ok, other=0).to(tl.int64)
     pos = (n % PAGE).to(tl.int64)
     ok = n_ok[:, None] & d_ok[None, :]
-    k = tl.load(k_head_ptr + blk[:, None] * k_block_stride + pos[:, None] * k_pos_stride + d[None, :], mask=ok, other=0.0)
-    v = tl.load(v_head_ptr + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :], mask=ok, other=0.0)
+    k = tl.load(k_head_ptr + blk[:, None] * k_block_stride + pos[:, None] * k_pos_stride + d[None, :], mask=ok,
+                other=0.0)
+    v = tl.load(v_head_ptr + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :], mask=ok,
+                other=0.0)
     return k, v
 
 

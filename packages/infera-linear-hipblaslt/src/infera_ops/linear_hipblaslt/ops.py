@@ -17,7 +17,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     N = weight.shape[0]
     if weight.shape[1] != K or x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError(f"need x [..., {weight.shape[1]}] and weight [N, K] with unit stride on K "
-                         f"(x {tuple(x.shape)} stride {x.stride()}, weight {tuple(weight.shape)} stride {weight.stride()})")
+                         f"(x {tuple(x.shape)} stride {x.stride()}, "
+                         f"weight {tuple(weight.shape)} stride {weight.stride()})")
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device) if out is None else out

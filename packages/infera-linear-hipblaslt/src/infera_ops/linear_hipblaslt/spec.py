@@ -13,7 +13,8 @@ SPEC = OpSpec(
         Symbol("vllm.model_executor.layers.vocab_parallel_embedding", "dispatch_unquantized_gemm"),
         Symbol("vllm.model_executor.layers.linear", "UnquantizedLinearMethod.apply", params=("layer", "x", "bias")),
         # 0.32 chooses the GEMM once per layer at construction, from the kernel config's linear_backend.
-        Symbol("vllm.model_executor.layers.utils", "dispatch_unquantized_gemm", params=("linear_backend",), vllm=">=0.32"),
+        Symbol("vllm.model_executor.layers.utils", "dispatch_unquantized_gemm", params=("linear_backend",),
+               vllm=">=0.32"),
     ),
     gpu_families=GPU_FAMILIES,
     default_on=False,  # opt-in: INFERA_VLLM_OPS=...,linear-hipblaslt

@@ -35,8 +35,8 @@ def linear_shapes(config: str, tp: int) -> list[dict]:
         n, k = site.attrs["n"], site.attrs["k"]
         column_parallel = site.name.endswith(("qkv_proj", "gate_up_proj"))
         n, k = (n // tp, k) if column_parallel else (n, k // tp)
-        entry = shapes.setdefault((n, k, site.attrs["dtype"]), {"n": n, "k": k, "dtype": site.attrs["dtype"], "layers": 0,
-                                                                 "example": site.name})
+        entry = shapes.setdefault((n, k, site.attrs["dtype"]),
+                                  {"n": n, "k": k, "dtype": site.attrs["dtype"], "layers": 0, "example": site.name})
         entry["layers"] += 1
     return list(shapes.values())
 
@@ -116,7 +116,8 @@ def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log, family:
                 best, best_us = cfg, us
         speedup = default_us / best_us if best else 0.0
         use = best is not None and speedup >= margin
-        buckets.append({"max_m": m, "choice": "triton" if use else "default", "speedup": round(speedup if use else 1.0, 3),
+        buckets.append({"max_m": m, "choice": "triton" if use else "default",
+                        "speedup": round(speedup if use else 1.0, 3),
                         **({"config": best.as_dict()} if use else {})})
         rows.append({"m": m, "default_us": default_us, "triton_us": best_us, "speedup": speedup,
                      "config": best.as_dict() if best else None})
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size the model will be served with")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts to measure (buckets)")
     parser.add_argument("--margin", type=float, default=1.03, help="the kernel's minimum speedup to be chosen")
-    parser.add_argument("--out", help="table to write (default: ./<family>.json); existing entries of other shapes are kept")
+    parser.add_argument("--out",
+                        help="table to write (default: ./<family>.json); existing entries of other shapes are kept")
     parser.add_argument("--dry-run", action="store_true", help="print the shapes that would be tuned, measure nothing")
     args = parser.parse_args(argv)
     try:
@@ -162,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     measured = [tune_shape(s, tokens, args.margin, lambda line: print(line, flush=True), family) for s in shapes]
     new = {(r["entry"]["n"], r["entry"]["k"], r["entry"]["dtype"], False): r["entry"] for r in measured}
     kept = [e for e in doc["entries"] if (e["n"], e["k"], e["dtype"], e["bias"]) not in new]
-    doc = {"comment": f"written by `infera-vllm tune linear` on {torch.cuda.get_device_name()} (torch {torch.__version__}); "
-                      f"kernel chosen where >= {args.margin}x F.linear", "entries": kept + list(new.values()),
+    doc = {"comment": f"written by `infera-vllm tune linear` on {torch.cuda.get_device_name()} "
+                      f"(torch {torch.__version__}); kernel chosen where >= {args.margin}x F.linear",
+           "entries": kept + list(new.values()),
            "measurements": {f"{n}x{k}": r["rows"] for (n, k, _, _), r in zip(new, measured)}}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -23,13 +23,13 @@ Three hand-overs to vLLM's own kernels, counted as route ``handover`` with a rea
   16384 with H >= 2048). So by default the kernel serves only calls that are captured in CUDA graphs
   or baked into compiled graphs (decided once, at capture / trace time); ``INFERA_NORM_EAGER_MIN_TOKENS=N``
   serves eager calls from N tokens on (0: all).
-- ``per-head-fusion`` (declined in ``supports_args`` while compiling): an ``rms_norm`` of a per-head
-  view (3-D or more, last dim <= 256: Qwen3's q/k norms over ``[tokens, heads, head_dim]``). vLLM's native provider traced
-  there lets Inductor fuse both norms with the q/k/v split before them and the RoPE after them into one
-  kernel; as an opaque op it leaves three (two norms, then RoPE re-reading q and k). Seen in the Inductor
-  code vLLM 0.32's CPU build generates for a Qwen3 model (docs/operators/norm.md); on the H200 Qwen3-8B
-  lost 3.2% at batch 1 with the norms opaque, about what two extra launches x 36 layers cost per step.
-  ``INFERA_NORM_PER_HEAD_KERNEL=1`` keeps them on the kernel (for measuring).
+- ``per-head-fusion`` (declined in ``supports_args`` while compiling): an ``rms_norm`` of a per-head view
+  (3-D or more, last dim <= 256: Qwen3's q/k norms over ``[tokens, heads, head_dim]``). vLLM's native
+  provider traced there lets Inductor fuse both norms with the q/k/v split before them and the RoPE after
+  them into one kernel; as an opaque op it leaves three (two norms, then RoPE re-reading q and k). Seen in
+  the Inductor code vLLM 0.32's CPU build generates for a Qwen3 model (docs/operators/norm.md); on the
+  H200 Qwen3-8B lost 3.2% at batch 1 with the norms opaque, about what two extra launches x 36 layers cost
+  per step. ``INFERA_NORM_PER_HEAD_KERNEL=1`` keeps them on the kernel (for measuring).
 - ``vllm-c-faster`` (inside ``infera::fused_add_rms_norm_``, at run time, so also inside compiled
   graphs): the in-place fused add with rows of >= 4096 at 512-2048 tokens, where vllm_c's kernel was
   faster with the inputs in L2 (0.83-0.95x, benchmarks/results/h200/norm-tune/); the call goes to
