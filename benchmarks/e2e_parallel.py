@@ -1,4 +1,4 @@
-"""Issue #7: every op under vLLM's tensor and expert parallelism. Dummy-weight models (config only) served
+"""Every op under vLLM's tensor and expert parallelism. Dummy-weight models (config only) served
 with tensor parallel 1 and 2, plugin off and on, and for MoE models with expert parallel on; each run in its
 own process (each engine's workers load the plugin on their own).
 

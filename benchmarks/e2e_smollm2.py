@@ -38,7 +38,7 @@ PRESETS = {
     "h200": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                  llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                  runs=("off", "off2", "off-triton", "on")),
-    # issue #3's end-to-end question: infera-norm first in the IR priority (compiled, CUDA graphs) vs off
+    # infera-norm first in the IR priority (compiled, CUDA graphs) vs off
     "h200-norm": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                       llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                       runs=("off", "on-norm")),
@@ -47,7 +47,7 @@ PRESETS = {
                                repeats=3, llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048,
                                                           dtype="bfloat16"),
                                runs=("off", "off-vllm-c", "on-norm")),
-    # issue #4's end-to-end question: infera-attn-paged (--attention-backend CUSTOM) vs FLASH_ATTN and TRITON_ATTN
+    # infera-attn-paged (--attention-backend CUSTOM) vs FLASH_ATTN and TRITON_ATTN
     "h200-attn": dict(agreement_prompts=8, agreement_tokens=1500, throughput_prompts=256, max_tokens=256, repeats=5,
                       llm_kwargs=dict(gpu_memory_utilization=0.5, max_model_len=2048, dtype="bfloat16"),
                       runs=("off", "on-attn", "off-triton")),

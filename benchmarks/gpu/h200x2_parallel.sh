@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the two-GPU machine (nvidia-h200-x2) after the vLLM 0.26.0 staging: issue #7's runs (benchmarks/e2e_parallel.py).
+# On the two-GPU machine (nvidia-h200-x2) after the vLLM 0.26.0 staging: every op under tensor and
+# expert parallelism (benchmarks/e2e_parallel.py).
 # PRESET=h200x2 (default): dummy-weight models at TP=2, plugin off/on, MoE with expert parallel; MODELS picks a subset.
 # PRESET=h200x2-random: a Qwen3-8B-shaped random checkpoint at TP=1 and TP=2 (same model at both sizes).
 # Then `infera-vllm doctor` once per GPU (CUDA_VISIBLE_DEVICES=0 and 1): the verdicts each rank's process would see.

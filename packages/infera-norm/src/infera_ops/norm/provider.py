@@ -270,7 +270,7 @@ def put_first_in_default_priority(op_name: str) -> None:
 
     vLLM appends the platform defaults after a user's ``--ir-op-priority``, so an explicit user choice
     still wins. Only done when the user named the op in INFERA_VLLM_OPS: end to end, Inductor's fused
-    native code or vllm_c may still be faster, which issue #3 measures before making this the default.
+    native code or vllm_c may still be faster, and validation decides per family before it becomes a default.
     """
     from vllm.platforms import current_platform
 
