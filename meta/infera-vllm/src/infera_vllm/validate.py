@@ -34,7 +34,7 @@ MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
 MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the off-vs-off spread, if larger)
 AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
 DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, rounds=2, tp=1,
-                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None)
+                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False)
 # what "this op alone" needs beyond INFERA_VLLM_OPS=<op>: attn-paged serves only as the automatic attention choice
 ALONE_ENV = {"attn-paged": {"INFERA_ATTN_PAGED_DEFAULT": "1"}}
 _SELECTION = ("INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE", "INFERA_VLLM_OPS_DISABLE")
@@ -55,8 +55,9 @@ def measure(cfg: dict) -> dict:
     kwargs = dict(cfg["llm_kwargs"])
     if cfg["dummy"]:
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
+    start = time.perf_counter()
     llm = LLM(model=cfg["model"], seed=0, tensor_parallel_size=cfg["tp"], **kwargs)
-    out: dict = {"top1": None, "prompts": None, "batches": {}}
+    out: dict = {"top1": None, "prompts": None, "batches": {}, "startup_s": time.perf_counter() - start}
     if not cfg["dummy"] and cfg["agreement_prompts"]:
         prompts = harness.corpus_prompts(llm.get_tokenizer(), cfg["agreement_prompts"], cfg["agreement_tokens"])
         gen = llm.generate([{"prompt_token_ids": p} for p in prompts],
@@ -173,15 +174,21 @@ def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str],
     return run, skipped, doc["environment"]
 
 
-def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict) -> list[dict]:
-    """The configurations of one model, in the order each round runs them."""
+def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_check_cost: bool = False) -> list[dict]:
+    """The configurations of one model, in the order each round runs them. ``self_check_cost``: the default op
+    set also with the self-check off (``default-nocheck``; ``default`` then sets it to ``first``), so the
+    check's share of startup is measured."""
     off = {"INFERA_VLLM_OPS_DISABLE": "1"}
     configs = [{"label": "off", "plugin": False, "env": off, "llm": {}},
                {"label": "off2", "plugin": False, "env": off, "llm": {}}]
     if gpu and real and "attn-paged" in ops:
         configs.append({"label": "off-triton", "plugin": False, "env": off,
                         "llm": {"attention_config": {"backend": "TRITON_ATTN"}}})
-    configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
+    if self_check_cost:
+        configs += [{"label": "default", "plugin": True, "env": {"INFERA_VLLM_SELF_CHECK": "first"}, "llm": {}},
+                    {"label": "default-nocheck", "plugin": True, "env": {"INFERA_VLLM_SELF_CHECK": "off"}, "llm": {}}]
+    else:
+        configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
     configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
                 for op in ops]
     for c in configs:
@@ -218,11 +225,16 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     floor = off2["agreement"] - tolerance if off2 else None
     attn_floor = min(floor, triton["agreement"]) if floor is not None and triton else floor
     throughput = entry.get("throughput_meaningful", False)
+    off_startup = [r["startup_s"] for r in offs if r.get("startup_s")]
+    startups = {label: harness.median(v) for label, run in runs.items()
+                if (v := [r["startup_s"] for r in run.get("rounds", []) if r.get("startup_s")])}
     rows = []
     for label, run in runs.items():
         if label.startswith("off"):
             continue
-        row: dict = {"run": label, "ratios": {"decode": {}, "prefill": {}}, "agreement": None, "note": ""}
+        row: dict = {"run": label, "ratios": {"decode": {}, "prefill": {}}, "agreement": None, "note": "",
+                     "startup": startups[label] / harness.median(off_startup)
+                     if label in startups and off_startup else None}
         good = [r for r in run.get("rounds", []) if "batches" in r]
         if not good:
             errors = [r.get("error", "") for r in run.get("rounds", [])]
@@ -250,11 +262,15 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         else:
             verdict = "neutral"
         cov = (run.get("coverage") or {})
-        served = [op for op in ([label] if label != "default" else sorted(cov)) if _served(cov.get(op))]
-        if label != "default" and not served:
+        whole_set = label.startswith("default")
+        served = [op for op in (sorted(cov) if whole_set else [label]) if _served(cov.get(op))]
+        if not whole_set and not served:
             row["note"] = f"{label} served no call on its kernel"
         rows.append({**row, "verdict": verdict})
+    cost = (startups["default"] / startups["default-nocheck"] - 1
+            if "default" in startups and "default-nocheck" in startups else None)
     return {"rows": rows, "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
+            "startup_off_s": harness.median(off_startup) if off_startup else None, "self_check_startup_cost": cost,
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
             "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
                            "agreement_floor": floor, "attention_agreement_floor": attn_floor}}
@@ -287,7 +303,9 @@ def _coverage_text(cov: dict | None, ops: list[str]) -> str:
 
 def _shown_ops(label: str, cov: dict | None) -> list[str]:
     """The ops whose coverage a row shows: the op itself, or for the default set every op active there."""
-    return [label] if label != "default" else sorted(op for op, c in (cov or {}).items() if c["active"])
+    if not label.startswith("default"):
+        return [label]
+    return sorted(op for op, c in (cov or {}).items() if c["active"])
 
 
 def render(doc: dict) -> str:
@@ -317,6 +335,11 @@ def render(doc: dict) -> str:
                        + (f"  ({row['note']})" if row["note"] else ""))
         for op, why in entry.get("skipped", {}).items():
             out.append(f"  {op:<18} not run: {why}")
+        started = [f"{row['run']} {row['startup']:.3f}" for row in j["rows"] if row["startup"]]
+        if started:
+            out.append(f"  startup (engine construction) x off ({j['startup_off_s']:.1f} s): " + ", ".join(started))
+        if j["self_check_startup_cost"] is not None:
+            out.append(f"  self-check startup cost: {j['self_check_startup_cost']:+.1%} (default vs default-nocheck)")
         t = j["thresholds"]
         why_not = "dummy weights" if entry["weights"] == "dummy" else "no off-vs-off agreement"
         out.append(f"  thresholds: faster/slower = a ratio beyond 1 +- max({t['min_effect']:.0%}, off-vs-off spread) "
@@ -491,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="alternating rounds of all configurations (2)")
     p.add_argument("--tp", type=int, help="tensor parallel size (1)")
     p.add_argument("--ops", help="only these ops alone (comma-separated; default every installed op)")
+    p.add_argument("--self-check-cost", dest="self_check_cost", action="store_const", const=True,
+                   help="also run the default op set with the self-check off: the check's share of startup")
     p.add_argument("--agreement-prompts", dest="agreement_prompts", type=int, help="teacher-forced prompts (8)")
     p.add_argument("--agreement-tokens", dest="agreement_tokens", type=int, help="tokens per such prompt (1500)")
     p.add_argument("--llm-kwargs", dest="llm_kwargs", help="JSON object of extra vllm.LLM arguments")
@@ -572,7 +597,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             doc["models"].append(entry)
         entry["options"]["rounds"] = opts["rounds"]
         entry["judge_options"], entry["skipped"], entry["ops_run"] = judge_options, skipped, ops
-        configs = run_configs(list(ops), gpu=gpu, real=not m["dummy"], base_llm=base_llm)
+        configs = run_configs(list(ops), gpu=gpu, real=not m["dummy"], base_llm=base_llm,
+                              self_check_cost=bool(opts["self_check_cost"]))
         for c in configs:
             entry["runs"].setdefault(c["label"], {"plugin": c["plugin"], "env": c["env"], "rounds": []})
         for r in range(opts["rounds"]):
