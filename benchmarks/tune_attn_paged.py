@@ -7,13 +7,18 @@ the last:
 2. split policies (programs per SM x fewest keys per slice) at that launch config;
 3. PDL off (where the GPU has it).
 
+Then the ragged prefill kernel, per head size of bench_attn_paged.PREFILL_CONFIGS: every launch of
+PREFILL_SPACE (rows per program x key tile x warps x stages) over the prefill table's cases
+(bench_attn_paged.PREFILL_CASES), checked against the fp32 reference, lowest geometric-mean time; the
+winner goes to the file's ``prefill`` section (head sizes not measured keep the packaged entry).
+
 Every candidate is checked against the fp32 reference on every row (a wrong candidate is never chosen) and
 timed from CUDA-graph replays with a cold L2, as in the benchmark. Writes ``attn_paged_<family>.json`` (the
 op's tuning format, tuning.py, with what was measured) and ``tune_attn_paged.json`` (every candidate) into
 BENCH_OUT (default results/<gpu>/); the op reads the first from its ``tuning/`` folder once committed there,
 or from ``INFERA_ATTN_PAGED_TUNING``.
 
-    python benchmarks/tune_attn_paged.py [--budget-s 300]
+    python benchmarks/tune_attn_paged.py [--budget-s 300] [--prefill-budget-s 150] [--no-decode]
 """
 
 from __future__ import annotations
@@ -33,18 +38,80 @@ import bench_attn_paged as bench  # noqa: E402
 import torch  # noqa: E402
 from _results import describe_machine, results_dir, write_json  # noqa: E402
 
-PROGRAMS_PER_SM = (4, 8, 16, 32, 64)
+PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
 SPLIT_KEYS = (64, 128, 256, 512)
+
+
+PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
 
 
 def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
+def tune_prefill(ops, budget_s: float, device) -> tuple[dict, dict]:
+    """(prefill section {head size: settings}, what was measured) over PREFILL_SPACE; see the docstring."""
+    t0 = time.time()
+    section, measured = {}, {}
+    torch.manual_seed(1)
+    for n_done, name in enumerate(bench.PREFILL_CONFIGS):
+        Hq, Hkv, D = bench.HEADS[name]
+        deadline = t0 + budget_s * (n_done + 1) / len(bench.PREFILL_CONFIGS)
+        cases = [bench.make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=device)
+                 for kind, label, reqs in bench.PREFILL_CASES]
+        refs = [bench.prefill_ref(c) for c in cases]
+        G = Hq // Hkv
+        default_m, default_cfg = ops.prefill_config(D, G, device)
+        cands = [(default_m, default_cfg.block_n, default_cfg.num_warps, default_cfg.num_stages)]
+        cands += [c for c in itertools.product(*PREFILL_SPACE.values()) if c not in cands and c[0] >= G]
+        seen = []
+        for bm, bn, w, st in cands:
+            if time.time() > deadline:
+                break
+            cfg = ops.LaunchConfig(block_n=bn, num_warps=w, num_stages=st)
+
+            def factory(case, bm=bm, cfg=cfg):
+                out = torch.empty_like(case.q)
+
+                def run(i: int) -> None:
+                    ops.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
+                                      case.query_start_loc, case.scale, out, block_m=bm, config=cfg)
+
+                return bench.Impl(run, out, {})
+
+            rows = [bench.measure(lambda c=c: factory(c), c, ref, copies=1, rep=bench.PREFILL_REP_MS,
+                                  errfn=bench.tol_ratio, okfn=bench.tol_ok) for c, ref in zip(cases, refs)]
+            good = all(r["ok"] and r["us"] for r in rows)
+            seen.append({"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st, "ok": good,
+                         "us": [r["us"] for r in rows], "errors": [r["error"] for r in rows if r["error"]],
+                         "geomean_us": geomean([r["us"] for r in rows]) if good else None})
+        scored = [c for c in seen if c["ok"]]
+        if not scored:
+            print(f"prefill head size {D}: no launch ran every case correctly; the packaged entry stays")
+            continue
+        best, base = min(scored, key=lambda c: c["geomean_us"]), seen[0]
+        tflops = [c.flops / (u * 1e-6) / 1e12 for c, u in zip(cases, best["us"])]
+        print(f"\nprefill head size {D} ({name}): best block_m={best['block_m']} block_n={best['block_n']} "
+              f"warps={best['num_warps']} stages={best['num_stages']}: {best['geomean_us']:.1f} us geomean "
+              f"(default {bench.fmt(base['geomean_us'], '.1f')}); {len(seen)} launches, "
+              f"{sum(not c['ok'] for c in seen)} failed or wrong")
+        for c, u, tf, d_us in zip(cases, best["us"], tflops, base["us"]):
+            print(f"  {c.label:<16} {bench.fmt(d_us, '9.1f')} -> {u:9.1f} us ({tf:5.0f} TFLOP/s)")
+        section[str(D)] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
+        measured[str(D)] = {"config": name, "cases": [c.label for c in cases], "tflops": tflops, "default": base,
+                            "best": best, "candidates": seen}
+        del cases, refs
+        torch.cuda.empty_cache()
+    return section, measured
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="stop starting candidates after this (shared out over the head sizes)")
+    parser.add_argument("--prefill-budget-s", type=float, default=150.0,
+                        help="the same for the prefill launches (0: prefill not tuned)")
+    parser.add_argument("--no-decode", action="store_true", help="tune the prefill launches only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("tune_attn_paged: needs a CUDA GPU", file=sys.stderr)
@@ -60,7 +127,7 @@ def main() -> int:
     sizes = sorted({D for _, _, D in bench.HEADS.values()})
     doc = {"benchmark": "tune_attn_paged", "machine": machine, "ours_from": ours_from, "head_sizes": {}}
     table = {}
-    for n_done, D in enumerate(sizes):
+    for n_done, D in enumerate([] if args.no_decode else sizes):
         deadline = t0 + args.budget_s * (n_done + 1) / len(sizes)  # what one size leaves unused carries over
         cases = []
         for name, (Hq, Hkv, d) in bench.HEADS.items():
@@ -126,11 +193,24 @@ def main() -> int:
     tuned = {"decode": table, "measured": {"by": "benchmarks/tune_attn_paged.py", "gpu": machine.get("gpu"),
                                            "commit": machine.get("commit"), "objective": "geometric-mean us over "
                                            "bench_attn_paged.ROWS, cold L2, CUDA-graph replays"}}
-    # this tunes decode only: the family's packaged prefill launch sizes (chosen to compile without spills) stay
+    # head sizes not tuned here keep the packaged file's entries (decode with --no-decode; prefill always)
     packaged = os.path.join(os.path.dirname(tuning.__file__), "tuning", f"{family}.json")
     if os.path.exists(packaged):
         with open(packaged) as f:
-            tuned.update({k: v for k, v in json.load(f).items() if k == "prefill"})
+            old = json.load(f)
+        tuned["prefill"] = dict(old.get("prefill", {}))
+        if args.no_decode:
+            tuned["decode"], tuned["measured"] = old.get("decode", {}), old.get("measured", {})
+    if args.prefill_budget_s > 0:
+        section, doc["prefill"] = tune_prefill(ops, args.prefill_budget_s, device)
+        tuned.setdefault("prefill", {}).update(section)
+        if section:
+            tuned["measured"] = {**tuned.get("measured", {}), "prefill": {
+                "by": "benchmarks/tune_attn_paged.py", "gpu": machine.get("gpu"), "commit": machine.get("commit"),
+                "head_sizes": sorted(section, key=int),
+                "objective": "geometric-mean us over bench_attn_paged.PREFILL_CASES, CUDA-graph replays"}}
+    if not tuned.get("prefill"):
+        tuned.pop("prefill", None)
     path = os.path.join(out_dir, f"attn_paged_{family}.json")
     os.makedirs(out_dir, exist_ok=True)
     with open(path, "w") as f:

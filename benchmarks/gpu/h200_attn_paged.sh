@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine after the vLLM 0.26.0 staging: infera-attn-paged's decode kernel tuned for this GPU
-# (benchmarks/tune_attn_paged.py: the tuning file to $OUT/attn_paged_sm90.json and to
+# On the GPU machine after the vLLM 0.26.0 staging: infera-attn-paged's decode and prefill launches tuned for
+# this GPU (benchmarks/tune_attn_paged.py, with TUNE_ARGS, e.g. --no-decode: the tuning file to $OUT/attn_paged_sm90.json and to
 # /tmp/attn_paged_tuning.json, which later calls on the same machine pick up; TUNE=0 skips it), then its kernels
 # vs vLLM 0.26's FA3 and Triton (benchmarks/bench_attn_paged.py: decode and prefill tables, JSON, PNGs) with
 # that tuning. BENCH_SWEEP=1 adds the benchmark's own per-row sweep, BENCH_PREFILL=0 skips prefill.
@@ -8,7 +8,8 @@
 set -uo pipefail
 source "$(dirname "$0")/_env.sh" || exit 1
 if [[ "${TUNE:-1}" == 1 ]]; then
-  BENCH_OUT="$OUT" timeout "${TUNE_TIMEOUT:-330}" python3 benchmarks/tune_attn_paged.py --budget-s "${TUNE_BUDGET_S:-240}" 2>&1 \
+  BENCH_OUT="$OUT" timeout "${TUNE_TIMEOUT:-330}" python3 benchmarks/tune_attn_paged.py --budget-s "${TUNE_BUDGET_S:-240}" \
+    --prefill-budget-s "${TUNE_PREFILL_BUDGET_S:-120}" ${TUNE_ARGS:-} 2>&1 \
     | tee "$OUT/tune_attn_paged.log" | quiet "^(INFO|WARNING)" || INFERA_FAILED=1
   cp "$OUT/attn_paged_sm90.json" /tmp/attn_paged_tuning.json || INFERA_FAILED=1
 fi
