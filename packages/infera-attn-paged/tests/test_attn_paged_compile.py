@@ -93,7 +93,7 @@ def compile_cases(family: str) -> list[aot.Case]:
         block_m, pcfg = prefill_config(family, D, G)
         for on in (False, True):
             consts = dict(G=G, BLOCK_M=block_m, BLOCK_Q=block_m // G, D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
-                          BLOCK_N=pcfg.block_n, **_features(on))
+                          BLOCK_N=pcfg.block_n, UNMASKED_TILES=cuda, **_features(on))
             case(_paged_prefill_kernel, f"prefill D={D} G={G} {'features' if on else 'plain'}",
                  _launch(pcfg, BLOCK_M=block_m, BLOCK_N=pcfg.block_n), pointers=POINTERS, constexprs=consts,
                  floats=FLOATS, num_warps=pcfg.num_warps, num_stages=pcfg.num_stages)

@@ -65,17 +65,23 @@ def _paged_kv(k_head_ptr, v_head_ptr, k_block_stride, k_pos_stride, v_block_stri
 
 @triton.jit
 def _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP: tl.constexpr,
-                 FP32_DOT: tl.constexpr):
+                 FP32_DOT: tl.constexpr, MASKED: tl.constexpr = True):
     """One online-softmax step over a K/V tile: (m, l, acc) after adding the ``visible`` keys of this tile.
 
     Logits in the exp2 domain (``qk_scale`` holds log2 e unless a soft-cap is applied first). A row that has
-    seen no visible key yet keeps m = -inf; its exponentials use 0 as the maximum, so no NaN arises."""
+    seen no visible key yet keeps m = -inf; its exponentials use 0 as the maximum, so no NaN arises.
+    ``MASKED=False``: every key of the tile is visible to every row (``visible`` is not read), so neither the
+    mask nor the -inf guard is applied."""
     qk = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], tl.float32), FP32_DOT) * qk_scale
     if HAS_SOFTCAP:
         qk = _softcap(qk, softcap) * 1.4426950408889634
-    qk = tl.where(visible, qk, float("-inf"))
+    if MASKED:
+        qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, axis=1))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
     alpha = tl.exp2(m - m_use)
     p = tl.exp2(qk - m_use[:, None])
     l = l * alpha + tl.sum(p, axis=1)

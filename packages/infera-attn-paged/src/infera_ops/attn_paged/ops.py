@@ -217,5 +217,6 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
         out, out.stride(0), out.stride(1), R, float(scale), float(softcap), int(window_left),
         G=G, BLOCK_M=bm, BLOCK_Q=bq, D=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page, BLOCK_N=cfg.block_n,
         HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0,
-        FP32_DOT=triton_dot.fp32_dot(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        FP32_DOT=triton_dot.fp32_dot(), UNMASKED_TILES=torch.version.hip is None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out

@@ -12,7 +12,11 @@ Work split (``_paged_prefill_kernel``, grid = (T // BLOCK_Q + R, Hkv)): a progra
 query tokens of one request and the G query heads of one KV head: BLOCK_M = BLOCK_Q·G rows (token-major),
 so every K/V tile is read once for all of them. The program finds its request by binary search over the
 query offsets (``query_start_loc``), with ``T // BLOCK_Q + R`` an upper bound on the blocks needed (each
-request's last block may be partial); programs past their request's tokens exit. The block table, lengths
+request's last block may be partial); programs past their request's tokens exit. The key tiles at or
+before the program's first query position are visible to all its rows and run without the causal mask;
+only the tiles after it (at most BLOCK_Q / BLOCK_N + 1) are masked (every tile under a sliding window).
+That second loop (``UNMASKED_TILES``) is off on ROCm, where the two loops' live state spills at D = 80
+(gfx950, RDNA3); one masked loop serves there. The block table, lengths
 and offsets are read as vLLM hands them over, no copies. Online softmax in fp32 with exp2; rows whose keys
 are all masked in a tile (sliding windows) keep a safe maximum so no NaN arises.
 """
@@ -73,6 +77,7 @@ def _paged_prefill_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    UNMASKED_TILES: tl.constexpr,  # the tiles every row sees whole in their own loop, without the causal mask
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -109,7 +114,19 @@ def _paged_prefill_kernel(
     bt_row = block_table_ptr + r.to(tl.int64) * block_table_stride
     k_head = k_ptr + h.to(tl.int64) * k_head_stride
     v_head = v_ptr + h.to(tl.int64) * v_head_stride
-    for n0 in range(lo, hi, BLOCK_N):
+    # tiles every row sees whole (all keys at or before the first row's position) need no mask; with a
+    # sliding window every tile is masked
+    mid = lo
+    if UNMASKED_TILES and not HAS_WINDOW:
+        mid = lo + (ctx + first + 1 - lo) // BLOCK_N * BLOCK_N
+        all_keys = tl.full([BLOCK_N], 1, tl.int1)
+        for n0 in range(lo, mid, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n,
+                             all_keys, d, d_ok, PAGE)
+            m, l, acc = _attend_tile(q, k, v, all_keys[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP,
+                                     FP32_DOT, False)
+    for n0 in range(mid, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < hi
         k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n, n_ok,
