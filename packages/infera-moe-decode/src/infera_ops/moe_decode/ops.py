@@ -35,17 +35,20 @@ def _sm_count(index: int) -> int:
 
 
 _SYNC: dict = {}  # (device, stream) -> the persistent kernel's int32 counters, zero between launches
+_OUTGROWN: list = []  # replaced counter buffers: a CUDA graph captured with one still points at it
 
 
 def sync_counters(device: torch.device, entries: int) -> torch.Tensor:
     """The persistent kernel's counters for this device and stream (at least ``entries`` int32, zero): one
     buffer per stream, so launches on different streams never share counters; each launch leaves it zero.
-    Grown (re-zeroed) when a launch needs more; allocated on the first, eager call in vLLM (warm-up runs
-    before CUDA-graph capture)."""
+    Grown (a new zeroed buffer) when a launch needs more, the old one kept alive for graphs that captured it;
+    allocated on the first, eager call in vLLM (warm-up runs before CUDA-graph capture)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _SYNC.get(key)
     if buf is None or buf.numel() < entries:
+        if buf is not None:
+            _OUTGROWN.append(buf)
         buf = _SYNC[key] = torch.zeros(max(entries, 2 + 256), dtype=torch.int32, device=device)
     return buf
 
