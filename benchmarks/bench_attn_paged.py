@@ -88,7 +88,9 @@ HEADS = {  # name: (Hq, Hkv, D)
 }
 SINKS_CONFIG = "gpt-oss-20b"  # also timed with attention sinks ("gpt-oss-20b+sinks")
 SWEEP_CONFIGS = ("llama3-8b", "smollm2")
-ROWS = ((1, 8192), (16, 8192), (64, 4096), (256, 1024), (8, 32768))  # (B, ctx)
+# (B, ctx); batch 1 at 16k is the end-to-end benchmark's batch-1 row (e2e_attn_paged.py), where a decode step's
+# attention is a long single-sequence read
+ROWS = ((1, 8192), (1, 16384), (16, 8192), (64, 4096), (256, 1024), (8, 32768))
 BLOCK_SIZE = 16
 TOL = 2e-2  # max abs error vs the fp32 reference (bf16)
 # Query scale: logits ~ N(0, Q_STD^2), a softmax peaked enough that the output is O(0.1-1) even at 32k keys, so

@@ -5,6 +5,8 @@
 # with the commit on its first line; the meta package runs beside the op packages (it mostly starts CPU-side
 # processes), the op packages one after another. Exits non-zero when any package fails or times out.
 #   bash benchmarks/gpu/h200_tests.sh            (carry dist/, built by `nox -s wheels`)
+#   PACKAGES="infera-attn-paged" bash benchmarks/gpu/h200_tests.sh   only these (space-separated; infera-vllm is
+#                                                the meta package), e.g. after a benchmark in the same call
 set -uo pipefail
 source "$(dirname "$0")/_env.sh" || exit 1
 export INFERA_GPU_FAMILY=sm90 INFERA_AOT_FAMILY=sm90  # the compile tests: this GPU's family, with its Triton
@@ -22,11 +24,14 @@ run_package() {  # run_package DIR TIMEOUT_S
   return $rc
 }
 
+wanted() { [[ -z "${PACKAGES:-}" || " $PACKAGES " == *" $(basename "$1") "* ]]; }
+
 deadline=$((SECONDS + ${TESTS_BUDGET_S:-560}))  # inside one 600 s device call
-run_package meta/infera-vllm "${TESTS_BUDGET_S:-560}" & meta_job=$!
+meta_job=
+if wanted meta/infera-vllm; then run_package meta/infera-vllm "${TESTS_BUDGET_S:-560}" & meta_job=$!; fi
 for dir in packages/infera-*; do
-  [[ -f "$dir/pyproject.toml" ]] || continue
+  [[ -f "$dir/pyproject.toml" ]] && wanted "$dir" || continue
   run_package "$dir" $((deadline - SECONDS)) || INFERA_FAILED=1
 done
-wait $meta_job || INFERA_FAILED=1
+[[ -z "$meta_job" ]] || wait "$meta_job" || INFERA_FAILED=1
 exit $INFERA_FAILED

@@ -321,25 +321,30 @@ def test_real_run_on_the_cpu_engine(tmp_path):
 
 
 def test_startup_and_the_self_check_cost():
-    """Each run's engine construction time against plugin-off's; with --self-check-cost the default set runs
-    with the check first and off, and their startup ratio is the check's cost."""
+    """Each run's engine construction time against plugin-off's; with --self-check-cost every op that takes
+    layers runs together with the check first and off, and their startup ratio is the check's cost."""
     def timed(startup):
         return {**_round(100.0), "startup_s": startup}
 
     runs = {"off": ([timed(40.0), timed(42.0)], {}), "off2": ([timed(41.0), timed(40.0)], _agree(1.0)),
-            "default": ([timed(42.0), timed(42.4)], _agree(1.0)),
-            "default-nocheck": ([timed(41.6), timed(41.4)], _agree(1.0))}
+            "every-op": ([timed(42.0), timed(42.4)], _agree(1.0)),
+            "every-op-nocheck": ([timed(41.6), timed(41.4)], _agree(1.0))}
     j = validate.judge(_entry(runs))
     rows = {r["run"]: r for r in j["rows"]}
     assert j["startup_off_s"] == pytest.approx(40.5)
-    assert rows["default"]["startup"] == pytest.approx(42.2 / 40.5)
+    assert rows["every-op"]["startup"] == pytest.approx(42.2 / 40.5)
     assert j["self_check_startup_cost"] == pytest.approx(42.2 / 41.5 - 1)
-    assert rows["default-nocheck"]["note"] == ""  # a whole-set run, like default: no "served no call" note
+    assert rows["every-op-nocheck"]["note"] == ""  # a whole-set run, like default: no "served no call" note
     text = validate.render({"models": [{**_entry(runs), "runs": {k: {**v, "coverage": {}} for k, v in
                                                                   _entry(runs)["runs"].items()}}]})
-    assert "self-check startup cost: +1.7% (default vs default-nocheck)" in text
-    assert "startup (engine construction) x off (40.5 s): default 1.042" in text
-    labels = [c["label"] for c in validate.run_configs(["norm"], gpu=True, real=False, base_llm={},
-                                                        self_check_cost=True)]
-    assert labels == ["off", "off2", "default", "default-nocheck", "norm"]
+    assert "self-check startup cost: +1.7% (every-op vs every-op-nocheck)" in text
+    assert "startup (engine construction) x off (40.5 s): every-op 1.042" in text
+    configs = validate.run_configs(["norm", "attn-paged"], gpu=True, real=False, base_llm={}, self_check_cost=True)
+    assert [c["label"] for c in configs] == ["off", "off2", "default", "every-op", "every-op-nocheck", "norm",
+                                             "attn-paged"]
+    every = {c["label"]: c["env"] for c in configs}
+    assert every["every-op"] == {"INFERA_VLLM_OPS": "norm,attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1",
+                                 "INFERA_VLLM_SELF_CHECK": "first"}
+    assert every["every-op-nocheck"]["INFERA_VLLM_SELF_CHECK"] == "off"
+    assert every["default"] == {}
     assert validate.judge(_entry(_runs()))["self_check_startup_cost"] is None

@@ -175,20 +175,25 @@ def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str],
 
 
 def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_check_cost: bool = False) -> list[dict]:
-    """The configurations of one model, in the order each round runs them. ``self_check_cost``: the default op
-    set also with the self-check off (``default-nocheck``; ``default`` then sets it to ``first``), so the
-    check's share of startup is measured."""
+    """The configurations of one model, in the order each round runs them. ``self_check_cost``: every op
+    that takes layers here together (``every-op``: ``INFERA_VLLM_OPS`` = all of ``ops``, each op's alone
+    switches too, the check ``first``) and the same with the check off (``every-op-nocheck``), so the check's
+    share of startup is measured where every op that can serve this model does."""
     off = {"INFERA_VLLM_OPS_DISABLE": "1"}
     configs = [{"label": "off", "plugin": False, "env": off, "llm": {}},
                {"label": "off2", "plugin": False, "env": off, "llm": {}}]
     if gpu and real and "attn-paged" in ops:
         configs.append({"label": "off-triton", "plugin": False, "env": off,
                         "llm": {"attention_config": {"backend": "TRITON_ATTN"}}})
-    if self_check_cost:
-        configs += [{"label": "default", "plugin": True, "env": {"INFERA_VLLM_SELF_CHECK": "first"}, "llm": {}},
-                    {"label": "default-nocheck", "plugin": True, "env": {"INFERA_VLLM_SELF_CHECK": "off"}, "llm": {}}]
-    else:
-        configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
+    configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
+    if self_check_cost and ops:
+        every = {"INFERA_VLLM_OPS": ",".join(ops)}
+        for op in ops:
+            every.update(ALONE_ENV.get(op, {}))
+        configs += [{"label": "every-op", "plugin": True, "env": {**every, "INFERA_VLLM_SELF_CHECK": "first"},
+                     "llm": {}},
+                    {"label": "every-op-nocheck", "plugin": True, "env": {**every, "INFERA_VLLM_SELF_CHECK": "off"},
+                     "llm": {}}]
     configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
                 for op in ops]
     for c in configs:
@@ -262,13 +267,13 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         else:
             verdict = "neutral"
         cov = (run.get("coverage") or {})
-        whole_set = label.startswith("default")
+        whole_set = _whole_set(label)
         served = [op for op in (sorted(cov) if whole_set else [label]) if _served(cov.get(op))]
         if not whole_set and not served:
             row["note"] = f"{label} served no call on its kernel"
         rows.append({**row, "verdict": verdict})
-    cost = (startups["default"] / startups["default-nocheck"] - 1
-            if "default" in startups and "default-nocheck" in startups else None)
+    cost = (startups["every-op"] / startups["every-op-nocheck"] - 1
+            if "every-op" in startups and "every-op-nocheck" in startups else None)
     return {"rows": rows, "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
             "startup_off_s": harness.median(off_startup) if off_startup else None, "self_check_startup_cost": cost,
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
@@ -301,9 +306,14 @@ def _coverage_text(cov: dict | None, ops: list[str]) -> str:
     return "; ".join(parts) or "-"
 
 
+def _whole_set(label: str) -> bool:
+    """A run of several ops (the default set, every op), not one op alone."""
+    return label == "default" or label.startswith("every-op")
+
+
 def _shown_ops(label: str, cov: dict | None) -> list[str]:
-    """The ops whose coverage a row shows: the op itself, or for the default set every op active there."""
-    if not label.startswith("default"):
+    """The ops whose coverage a row shows: the op itself, or for a whole-set run every op active there."""
+    if not _whole_set(label):
         return [label]
     return sorted(op for op, c in (cov or {}).items() if c["active"])
 
@@ -339,7 +349,7 @@ def render(doc: dict) -> str:
         if started:
             out.append(f"  startup (engine construction) x off ({j['startup_off_s']:.1f} s): " + ", ".join(started))
         if j["self_check_startup_cost"] is not None:
-            out.append(f"  self-check startup cost: {j['self_check_startup_cost']:+.1%} (default vs default-nocheck)")
+            out.append(f"  self-check startup cost: {j['self_check_startup_cost']:+.1%} (every-op vs every-op-nocheck)")
         t = j["thresholds"]
         why_not = "dummy weights" if entry["weights"] == "dummy" else "no off-vs-off agreement"
         out.append(f"  thresholds: faster/slower = a ratio beyond 1 +- max({t['min_effect']:.0%}, off-vs-off spread) "
@@ -515,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", type=int, help="tensor parallel size (1)")
     p.add_argument("--ops", help="only these ops alone (comma-separated; default every installed op)")
     p.add_argument("--self-check-cost", dest="self_check_cost", action="store_const", const=True,
-                   help="also run the default op set with the self-check off: the check's share of startup")
+                   help="also run every op together with the self-check first and off: the check's share of startup")
     p.add_argument("--agreement-prompts", dest="agreement_prompts", type=int, help="teacher-forced prompts (8)")
     p.add_argument("--agreement-tokens", dest="agreement_tokens", type=int, help="tokens per such prompt (1500)")
     p.add_argument("--llm-kwargs", dest="llm_kwargs", help="JSON object of extra vllm.LLM arguments")
