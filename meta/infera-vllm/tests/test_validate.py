@@ -88,6 +88,15 @@ def test_an_op_that_served_nothing_is_noted():
     assert "norm: handover eager-launch-cost 100%" in text and "served no call" in text
 
 
+def test_coverage_shows_the_self_check_per_op():
+    cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
+                    "share": {"call": {"kernel": 1.0}},
+                    "self_check": {"buckets": 3, "checked": 3, "passed": 2, "failed": 1, "max_error": 0.25,
+                                   "unchecked_at_capture": 0}}}
+    text = validate._coverage_text(cov, ["norm"])
+    assert text == "norm: kernel 100%, self-check 2/3 passed in 3 buckets (largest error 2.5e-01)"
+
+
 def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run():
     entry = _entry(_runs(norm=([_round(110.0), _round(111.0)], _agree(1.0))), meaningful=False)
     entry["skipped"] = {"moe-decode": "takes none of the model's 0 moe layers"}
@@ -309,6 +318,9 @@ def test_real_run_on_the_cpu_engine(tmp_path):
     norm = entry["runs"]["norm"]["coverage"]["norm"]
     assert norm["active"] and sum(norm["counts"]["call"].values()) > 0
     assert norm["share"]["call"].get("kernel", 0) > 0.5, norm  # eager calls served under the interpreter
+    check = norm["self_check"]  # the check is on by default (first): every bucket checked once, none failed
+    assert check["checked"] >= check["buckets"] > 0 and check["passed"] == check["checked"], check
+    assert "self-check" in proc.stdout and "passed in" in proc.stdout
     assert 0.5 < entry["runs"]["norm"]["agreement"]["agreement"] <= 1.0
     rows = {r["run"]: r["verdict"] for r in validate.judge(entry)["rows"]}
     assert set(rows) == {"default", "norm"} and set(rows.values()) <= {"agrees", "disagrees"}

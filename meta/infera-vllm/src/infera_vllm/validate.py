@@ -128,6 +128,14 @@ def coverage(report_dir: str) -> dict | None:
         routes = entry["counts"].setdefault(c["at"], {})
         key = c["route"] + (f" {c['reason']}" if c["reason"] else "")
         routes[key] = routes.get(key, 0) + c["count"]
+    for c in merged.get("self_check", []):
+        entry = ops.setdefault(c["op"], {"active": False, "verdicts": [], "counts": {}})
+        check = entry.setdefault("self_check", {"buckets": 0, "checked": 0, "passed": 0, "failed": 0,
+                                                "max_error": 0.0, "unchecked_at_capture": 0})
+        check["buckets"] += 1
+        for k in ("checked", "passed", "failed", "unchecked_at_capture"):
+            check[k] += c[k]
+        check["max_error"] = max(check["max_error"], c["max_error"])
     for entry in ops.values():
         entry["share"] = {at: {k: n / sum(routes.values()) for k, n in sorted(routes.items(), key=lambda kv: -kv[1])}
                           for at, routes in entry["counts"].items()}
@@ -302,6 +310,10 @@ def _coverage_text(cov: dict | None, ops: list[str]) -> str:
             continue
         share = c["share"].get("call") or next(iter(c["share"].values()), {})
         routes = ", ".join(f"{k} {v:.0%}" for k, v in list(share.items())[:3]) or "no calls"
+        check = c.get("self_check")
+        if check and check["checked"]:
+            routes += (f", self-check {check['passed']}/{check['checked']} passed in {check['buckets']} buckets "
+                       f"(largest error {check['max_error']:.1e})")
         parts.append(f"{op}: {routes}" if c["active"] else f"{op}: {c['verdicts'][0]}")
     return "; ".join(parts) or "-"
 
