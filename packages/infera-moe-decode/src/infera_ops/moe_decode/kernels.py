@@ -81,10 +81,11 @@ def _expert_rows(topk_ids_ptr, j, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.conste
 @triton.jit
 def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols, col_ok, H, I,
                   BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, FP32_DOT: tl.constexpr,
-                  EVICT: tl.constexpr = ""):
+                  EVICT_FIRST: tl.constexpr):
     """silu(x W_gate^T) * (x W_up^T) for the token rows ``tok`` (masked by ``mine``) and the I-columns
     ``cols`` of one expert (``w13_ptr`` at that expert): [BLOCK_M, BLOCK_I] fp32, 0 where masked.
-    ``EVICT``: the weight loads' L2 eviction policy ("evict_first": stream them past lines kept for later)."""
+    ``EVICT_FIRST``: the weight loads stream past L2 lines kept for later (``evict_first``). A bool, passed
+    by every caller: Triton 3.6 fails on a string constexpr defaulted in a nested jit function."""
     w_gate = w13_ptr + cols[None, :].to(tl.int64) * w13_row_stride
     w_up = w_gate + I * w13_row_stride
     acc_gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
@@ -94,10 +95,14 @@ def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols,
         h_ok = h < H
         xt = tl.load(x_ptr + tok[:, None] * x_row_stride + h[None, :], mask=mine[:, None] & h_ok[None, :], other=0.0)
         w_mask = h_ok[:, None] & col_ok[None, :]
-        acc_gate = _dot(xt, tl.load(w_gate + h[:, None], mask=w_mask, other=0.0, eviction_policy=EVICT), acc_gate,
-                        FP32_DOT)
-        acc_up = _dot(xt, tl.load(w_up + h[:, None], mask=w_mask, other=0.0, eviction_policy=EVICT), acc_up,
-                      FP32_DOT)
+        if EVICT_FIRST:
+            gate = tl.load(w_gate + h[:, None], mask=w_mask, other=0.0, eviction_policy="evict_first")
+            up = tl.load(w_up + h[:, None], mask=w_mask, other=0.0, eviction_policy="evict_first")
+        else:
+            gate = tl.load(w_gate + h[:, None], mask=w_mask, other=0.0)
+            up = tl.load(w_up + h[:, None], mask=w_mask, other=0.0)
+        acc_gate = _dot(xt, gate, acc_gate, FP32_DOT)
+        acc_up = _dot(xt, up, acc_up, FP32_DOT)
     return acc_gate * tl.sigmoid(acc_gate) * acc_up
 
 
@@ -139,7 +144,7 @@ def _moe_fused_kernel(
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
         act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                            tok, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT)
+                            tok, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, False)
         act = act.to(w2_ptr.dtype.element_ty)
         r = tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)
         part_rows = part_ptr + (pos[:, None] * n_blocks + pid_i) * H
@@ -204,8 +209,7 @@ def _moe_gate_up_kernel(
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
         act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT,
-                            "evict_first" if EARLY_DOWN else "")
+                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, EARLY_DOWN)
         tl.store(act_ptr + pos[:, None] * act_row_stride + cols[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=mine[:, None] & col_ok[None, :])
         if PREFETCH_DOWN:
@@ -367,7 +371,7 @@ def _moe_persistent_kernel(
             i_cols = (t % n_i) * BLOCK_I + tl.arange(0, BLOCK_I)
             i_ok = i_cols < I
             act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                                pos // TOPK, mine, i_cols, i_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT)
+                                pos // TOPK, mine, i_cols, i_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, False)
             tl.store(act_ptr + pos[:, None] * act_row_stride + i_cols[None, :], act.to(act_ptr.dtype.element_ty),
                      mask=mine[:, None] & i_ok[None, :])
             tl.debug_barrier()  # every thread's stores before the release
