@@ -14,7 +14,10 @@
    fastest of the forms' bests (and the baseline's) where that is not ``by_tokens``'s; ``served`` = per dims
    the M at which its launch is at least MIN_SPEEDUP x vLLM (so a serving call is never slower);
    ``max_tokens`` (for expert shapes not measured here) = the largest M up to which every dims is served;
-4. re-profile through the written file's own lookup on fresh inputs; table + JSON under results/<gpu>/.
+4. re-profile through the written file's own lookup on fresh inputs: a served (dims, M) that is slower than
+   vLLM there (below 1.0x, the noise allowance under MIN_SPEEDUP) is no longer served and the file is written
+   again, so a lookup that disagrees with the sweep can never ship a slower launch; table + JSON (every
+   candidate's time per dims and M too) under results/<gpu>/.
 
     python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent]
                                          [--baseline tuning.json] [--out DIR]
@@ -96,6 +99,16 @@ def descend(score, start: dict, space: dict) -> dict:
     return best
 
 
+def served_everywhere(served: dict, tokens) -> int:
+    """For shapes not measured: the largest M up to which every measured dims is served (0: none)."""
+    max_tokens = 0
+    for M in tokens:
+        if not all(m in served[d] for d in DIMS for m in tokens if m <= M):
+            break
+        max_tokens = M
+    return max_tokens
+
+
 def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None) -> dict:
     from infera_ops.moe_decode import tuning
     from infera_vllm.platform import detect_gpu_family
@@ -104,7 +117,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     weights = {d: make_weights(d) for d in DIMS}
-    rows, by_tokens, served, by_shape = [], {}, {d: [] for d in DIMS}, {}
+    rows, by_tokens, served, by_shape, swept = [], {}, {d: [] for d in DIMS}, {}, {}
     base = None
     if baseline:
         os.environ["INFERA_MOE_DECODE_TUNING"] = baseline
@@ -132,14 +145,13 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
             print(f"M={M:<3} {case.dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("
                   + ", ".join(f"{k[:-8]} {u:.1f}" for k, u in bests.items() if u is not None) + ")", flush=True)
         print(f"M={M:<3} geomean x{gm:.3f} over {len(score.seen)} candidates: {best}", flush=True)
+        swept[str(M)] = {"dims": list(DIMS), "vllm_us": score.vllm_us,
+                         "candidates": [{"params": dict(key), "geomean_speedup": sc, "us": times}
+                                        for key, (sc, times) in score.seen.items()]}
     for row in rows:
         if row["speedup"] >= MIN_SPEEDUP:
             served[row["dims"]].append(row["M"])
-    max_tokens = 0
-    for M in tokens:  # for shapes not measured: only where every measured dims is served up to M
-        if not all(m in served[d] for d in DIMS for m in tokens if m <= M):
-            break
-        max_tokens = M
+    max_tokens = served_everywhere(served, tokens)
     doc = {"comment": f"written by benchmarks/tune_moe_decode.py on {torch.cuda.get_device_name()} over "
                       f"{', '.join(DIMS)} dims; served = M where the tuned kernel is >= {MIN_SPEEDUP}x vLLM's "
                       "fused_experts for that expert shape; max_tokens for other shapes",
@@ -156,6 +168,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
         json.dump(doc, f, indent=1)
     loaded = tuning.load(family)
+    dropped = []
     for M in tokens:  # re-profile through the file's own lookup, on fresh inputs
         score = Scorer(weights, M, gen)
         times = [score(loaded.config_for(M, tuning.shape_key(*DIMS[c.dims])).as_dict())[1][i]
@@ -163,9 +176,24 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         for case, v, t in zip(score.cases, score.vllm_us, times):
             row = next(r for r in rows if r["M"] == M and r["dims"] == case.dims)
             row["reprofile_us"], row["reprofile_vllm_us"] = t, v
+            serves = loaded.serves(M, *DIMS[case.dims])
             print(f"re-profile M={M:<3} {case.dims:<17} {t:8.1f} us vs vLLM {v:8.1f} us x{v / t:.2f} "
-                  f"(served: {'yes' if loaded.serves(M, *DIMS[case.dims]) else 'no, handed over'})", flush=True)
-    return {"family": family, "dims": DIMS, "tuning_file": doc, "rows": rows}
+                  f"(served: {'yes' if serves else 'no, handed over'})", flush=True)
+            if serves and v / t < 1.0:
+                dropped.append((case.dims, M))
+    if dropped:
+        for dims, M in dropped:
+            served[dims].remove(M)
+            doc["served"][tuning.shape_key(*DIMS[dims])].remove(M)
+        doc["max_tokens"] = served_everywhere(served, tokens)
+            print(f"!!! re-profile: {dims} at M={M} slower than vLLM through the file's lookup: no longer served",
+                  flush=True)
+        with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
+            json.dump(doc, f, indent=1)
+        if write:
+            with open(path, "w") as f:
+                json.dump(doc, f, indent=1)
+    return {"family": family, "dims": DIMS, "tuning_file": doc, "rows": rows, "dropped": dropped, "swept": swept}
 
 
 def main() -> int:

@@ -53,8 +53,18 @@ def test_nan_and_zero_outputs():
     ours, theirs = _pair(0.0)
     ours[3] = float("nan")
     assert not check.judge("1", ours, theirs)
-    assert check.judge("2", torch.zeros(8), torch.zeros(8))  # both zero: no error
     assert not check.judge("3-4", torch.ones(8), torch.zeros(8))
+
+
+def test_all_zero_outputs_prove_nothing_and_the_next_eager_call_is_checked():
+    check = self_check.Checker("demo", bound=1e-2)
+    assert check.wants("2", capturing=False)
+    assert check.judge("2", torch.zeros(8), torch.zeros(8))  # agrees, but is not counted as a check
+    assert check.wants("2", capturing=False)
+    assert not check.wants("2", capturing=True)  # captured before a conclusive check: counted unchecked
+    [entry] = [e for e in coverage.snapshot()["self_check"] if e["bucket"] == "2"]
+    assert entry["checked"] == 0 and entry["unchecked_at_capture"] == 1
+    assert check.judge("2", *_pair(1e-3)) and not check.wants("2", capturing=False)
 
 
 def test_strict_mode_makes_a_mismatch_an_error():

@@ -92,9 +92,13 @@ def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},
                     "self_check": {"buckets": 3, "checked": 3, "passed": 2, "failed": 1, "max_error": 0.25,
-                                   "unchecked_at_capture": 0}}}
+                                   "unchecked_at_capture": 0, "seconds": 0.5}}}
     text = validate._coverage_text(cov, ["norm"])
-    assert text == "norm: kernel 100%, self-check 2/3 passed in 3 buckets (largest error 2.5e-01)"
+    assert text == "norm: kernel 100%, self-check 2/3 passed in 3 buckets (largest error 2.5e-01, 0.50 s)"
+    entry = _entry(_runs(norm=([{**_round(100.0), "startup_s": 40.0}], _agree(1.0))))
+    entry["runs"]["norm"]["coverage"] = cov
+    assert "self-check time (vLLM's implementation run for the checks) of startup: norm 0.50 s of 40.0 s (1.2%)" \
+        in validate.render({"models": [entry]})
 
 
 def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run():

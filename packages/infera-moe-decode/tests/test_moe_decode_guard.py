@@ -118,8 +118,9 @@ def test_blocks_by_token_count(monkeypatch, tmp_path):
 
 
 def test_blocks_by_expert_shape(monkeypatch, tmp_path):
-    """A shape's own launches come first (up to their largest bound), then the file's by_tokens for every
-    shape; a forced threshold (no measured file in play) ignores them."""
+    """A shape's own launch serves exactly the measured bound it was won at (the calls whose smallest
+    measured bound >= M is that one), the file's by_tokens the shape's other token counts; a forced
+    threshold (no measured file in play) ignores them."""
     own = tmp_path / "t.json"
     mixtral = tuning.shape_key(8, 4096, 14336, 2)
     own.write_text(json.dumps({"max_tokens": 16, "config": {"block_i": 64},
@@ -129,7 +130,7 @@ def test_blocks_by_expert_shape(monkeypatch, tmp_path):
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
     got = tuning.load("sm90")
     assert [(got.config_for(m, mixtral).form, got.config_for(m, mixtral).block_i) for m in (1, 2, 3, 9)] == [
-        ("persistent", 16), ("persistent", 16), ("split", 32), ("split", 64)]
+        ("split", 32), ("persistent", 16), ("split", 32), ("split", 64)]
     assert got.config_for(1, tuning.shape_key(128, 2048, 768, 8)).block_i == 32
     assert got.config_for(1).block_i == 32
     own.write_text(json.dumps({"max_tokens": 16, "by_shape": {mixtral: {"2": {"form": "atomic"}}}}))

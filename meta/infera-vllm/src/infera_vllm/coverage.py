@@ -129,7 +129,7 @@ def self_check_entry(op: str, bucket: str) -> dict[str, float]:
     if entry is None:
         _ensure_flusher()
         entry = _self_checks[(op, bucket)] = {"checked": 0, "passed": 0, "failed": 0, "max_error": 0.0,
-                                               "unchecked_at_capture": 0}
+                                               "unchecked_at_capture": 0, "seconds": 0.0}
     return entry
 
 

@@ -83,8 +83,8 @@ def merge(reports: list[dict]) -> dict:
         for c in r.get("self_check", []):
             total = checks.setdefault((c["op"], c["bucket"]), {"checked": 0, "passed": 0, "failed": 0,
                                                                "max_error": 0.0, "unchecked_at_capture": 0,
-                                                               "processes": 0})
-            for k in ("checked", "passed", "failed", "unchecked_at_capture"):
+                                                               "seconds": 0.0, "processes": 0})
+            for k in ("checked", "passed", "failed", "unchecked_at_capture", "seconds"):
                 total[k] += c.get(k, 0)
             total["max_error"] = max(total["max_error"], c["max_error"])
             total["processes"] += 1
@@ -128,7 +128,9 @@ def render(merged: dict) -> str:
         out.append("  none: no op routed a call (declined ops route nothing; vLLM's own kernels served everything)")
     if merged.get("self_check"):
         out += ["", "self-check (kernel vs vLLM's implementation on the same inputs, max |diff| / max |vLLM's|):"]
-        out += _table(["op", "shape", "checked", "passed", "failed", "max error", "captured unchecked", "processes"],
+        out += _table(["op", "shape", "checked", "passed", "failed", "max error", "captured unchecked", "seconds",
+                       "processes"],
                       [[c["op"], c["bucket"], c["checked"], c["passed"], c["failed"], f"{c['max_error']:.2e}",
-                        c["unchecked_at_capture"], c["processes"]] for c in merged["self_check"]])
+                        c["unchecked_at_capture"], f"{c.get('seconds', 0.0):.3f}", c["processes"]]
+                       for c in merged["self_check"]])
     return "\n".join(out)

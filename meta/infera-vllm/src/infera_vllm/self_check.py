@@ -14,13 +14,16 @@ eager calls, so a kernel that goes wrong on other data is caught too. A bucket f
 capture is served unchecked and counted as such. ``INFERA_VLLM_SELF_CHECK_PERTURB=op`` scales that op's
 kernel outputs by 1.25 (:meth:`Checker.perturb`): a deliberately wrong kernel for tests of this check.
 
-The coverage report carries, per op and bucket: checked, passed, failed, the largest error seen, and the
-count of buckets captured unchecked (docs/report-format.md).
+The coverage report carries, per op and bucket: checked, passed, failed, the largest error seen, the
+count of buckets captured unchecked, and the seconds spent running vLLM's implementation for the checks
+(:meth:`Checker.timed`: the check's own cost, device work included; docs/report-format.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import time
 
 from infera_vllm import coverage, log
 
@@ -78,13 +81,32 @@ class Checker:
             return True
         return _rate > 0 and self._rng.random() < _rate
 
+    @contextlib.contextmanager
+    def timed(self, bucket: str):
+        """Around the op's run of vLLM's implementation for a check: its wall time, device work included
+        (synchronised at both ends on CUDA, so queued work before it is not billed to it), added to the
+        bucket's ``seconds``. Only checked calls enter it: never under graph capture, nothing per call after."""
+        _synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            _synchronize()
+            coverage.self_check_entry(self.op, bucket)["seconds"] += time.perf_counter() - start
+
     def judge(self, bucket: str, ours, theirs, shape: tuple = ()) -> bool:
         """Compare the kernel's output with vLLM's (tensors of one shape; any float dtype); record the
-        result; on a mismatch decline the bucket and return False (the caller then returns ``theirs``)."""
+        result; on a mismatch decline the bucket and return False (the caller then returns ``theirs``).
+
+        Both outputs all zero (vLLM's warm-up batches often give attention zero keys and values) prove
+        nothing: such a call is not counted as checked, and the bucket's next eager call is checked instead
+        (or, if a CUDA graph captures it first, it is counted as captured unchecked)."""
         ref = theirs.float()
         scale = float(ref.abs().max()) if ref.numel() else 0.0
         diff = float((ours.float() - ref).abs().max()) if ref.numel() else 0.0
-        error = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+        if scale == 0 and diff == 0:
+            return True
+        error = diff / scale if scale > 0 else float("inf")
         if error != error:  # NaN in either output
             error = float("inf")
         entry = coverage.self_check_entry(self.op, bucket)
@@ -107,3 +129,11 @@ class Checker:
         this op (every call, checked or not, as a wrong kernel would be)."""
         if _perturb == self.op:
             out.mul_(PERTURB_SCALE)
+
+
+def _synchronize() -> None:
+    """Wait for the current CUDA device's queued work, where torch has CUDA in use (not on the CPU)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

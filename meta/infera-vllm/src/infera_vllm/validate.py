@@ -131,10 +131,10 @@ def coverage(report_dir: str) -> dict | None:
     for c in merged.get("self_check", []):
         entry = ops.setdefault(c["op"], {"active": False, "verdicts": [], "counts": {}})
         check = entry.setdefault("self_check", {"buckets": 0, "checked": 0, "passed": 0, "failed": 0,
-                                                "max_error": 0.0, "unchecked_at_capture": 0})
+                                                "max_error": 0.0, "unchecked_at_capture": 0, "seconds": 0.0})
         check["buckets"] += 1
-        for k in ("checked", "passed", "failed", "unchecked_at_capture"):
-            check[k] += c[k]
+        for k in ("checked", "passed", "failed", "unchecked_at_capture", "seconds"):
+            check[k] += c.get(k, 0)
         check["max_error"] = max(check["max_error"], c["max_error"])
     for entry in ops.values():
         entry["share"] = {at: {k: n / sum(routes.values()) for k, n in sorted(routes.items(), key=lambda kv: -kv[1])}
@@ -313,7 +313,7 @@ def _coverage_text(cov: dict | None, ops: list[str]) -> str:
         check = c.get("self_check")
         if check and check["checked"]:
             routes += (f", self-check {check['passed']}/{check['checked']} passed in {check['buckets']} buckets "
-                       f"(largest error {check['max_error']:.1e})")
+                       f"(largest error {check['max_error']:.1e}, {check['seconds']:.2f} s)")
         parts.append(f"{op}: {routes}" if c["active"] else f"{op}: {c['verdicts'][0]}")
     return "; ".join(parts) or "-"
 
@@ -357,6 +357,14 @@ def render(doc: dict) -> str:
                        + (f"  ({row['note']})" if row["note"] else ""))
         for op, why in entry.get("skipped", {}).items():
             out.append(f"  {op:<18} not run: {why}")
+        spent = []
+        for label, run in entry["runs"].items():  # the checks' own time (the run's last round) against its startup
+            seconds = sum((c.get("self_check") or {}).get("seconds", 0.0) for c in (run.get("coverage") or {}).values())
+            startup = next((r["startup_s"] for r in reversed(run.get("rounds", [])) if r.get("startup_s")), None)
+            if seconds and startup:
+                spent.append(f"{label} {seconds:.2f} s of {startup:.1f} s ({seconds / startup:.1%})")
+        if spent:
+            out.append("  self-check time (vLLM's implementation run for the checks) of startup: " + ", ".join(spent))
         started = [f"{row['run']} {row['startup']:.3f}" for row in j["rows"] if row["startup"]]
         if started:
             out.append(f"  startup (engine construction) x off ({j['startup_off_s']:.1f} s): " + ", ".join(started))

@@ -172,8 +172,9 @@ class InferaAttentionImpl(TritonAttentionImpl):
         rows = num_seqs if decode else tokens  # the rows the kernel writes
         theirs = None
         if checking:
-            theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata, torch.empty_like(output),
-                                        decode)
+            with _check.timed(bucket):
+                theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata,
+                                            torch.empty_like(output), decode)
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
         if decode:
             ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens,

@@ -56,7 +56,8 @@ def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check
             theirs = None
             if checking:  # vLLM's experts on the same inputs first: `output` may share the workspaces they use
                 theirs = torch.empty_like(output)
-                super().apply(theirs, *args[1:])
+                with check.timed(bucket):
+                    super().apply(theirs, *args[1:])
             shape = shape_key(kw1.shape[0], kw1.shape[2], kw1.shape[1] // 2, topk_ids.shape[1])
             ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
                             config=tuning.config_for(tokens, shape), expert_map=expert_map)

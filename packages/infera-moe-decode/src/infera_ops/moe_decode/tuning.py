@@ -15,9 +15,10 @@ A shape in ``served`` (experts E, hidden H, intermediate I, top-k K) takes a cal
 smallest measured bound >= M is listed (the measured bounds: ``"measured"``, default 1, 2, 4, 8, 16); M
 above every measured bound is handed over. ``by_tokens`` (optional)
 maps an upper token bound to the blocks used up to it (the smallest bound >= M wins), ``config`` serves the
-rest. ``by_shape`` (optional) does the same for one expert shape, before ``by_tokens``: the sweep measures
-every candidate on every shape, and where a shape's fastest launch is not the one best over all shapes it
-is kept there.
+rest. ``by_shape`` (optional) holds, per expert shape, the launch at single measured bounds where that
+shape's fastest launch is not the one best over all shapes: a call of M tokens takes it only when M's own
+measured bound (the smallest >= M) is listed there, else ``by_tokens`` as for every shape. (It is not a
+range: a shape's launch won at 2 tokens says nothing of 1.)
 """
 
 from dataclasses import dataclass, field
@@ -70,9 +71,11 @@ class Tuning:
         return bound is not None and bound in bounds
 
     def config_for(self, tokens: int, shape: str | None = None) -> LaunchConfig:
-        """The launch for ``tokens`` tokens, of the expert shape ``shape`` (:func:`shape_key`) if given."""
-        for bound, config in self.by_shape.get(shape, ()):
-            if tokens <= bound:
+        """The launch for ``tokens`` tokens, of the expert shape ``shape`` (:func:`shape_key`) if given: the
+        shape's own launch at the measured bound of ``tokens``, else ``by_tokens``'s, else ``config``."""
+        bound = next((b for b in self.measured if b >= tokens), None)
+        for at, config in self.by_shape.get(shape, ()):
+            if at == bound:
                 return config
         for bound, config in self.by_tokens:
             if tokens <= bound:
