@@ -185,9 +185,9 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         for dims, M in dropped:
             served[dims].remove(M)
             doc["served"][tuning.shape_key(*DIMS[dims])].remove(M)
-        doc["max_tokens"] = served_everywhere(served, tokens)
             print(f"!!! re-profile: {dims} at M={M} slower than vLLM through the file's lookup: no longer served",
                   flush=True)
+        doc["max_tokens"] = served_everywhere(served, tokens)
         with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
             json.dump(doc, f, indent=1)
         if write:
