@@ -293,6 +293,28 @@ def test_self_check_catches_a_wrong_kernel_and_hands_the_bucket_to_vllm(vllm_con
     assert (out.float() - 1.25 * ref).abs().max() < 4e-2  # unchecked, the wrong kernel's output goes through
 
 
+@pytest.mark.parametrize("perturb", ["", "attn-paged"])
+def test_self_check_on_an_empty_cache_fills_the_blocks_then_restores_them(vllm_config, self_checked, perturb):
+    """vLLM's warm-up batches read a cache with no keys or values yet: both outputs are zero and prove
+    nothing. The check then runs both kernels on random keys and values in the call's own blocks (and puts
+    the blocks back): a correct kernel passes with a non-zero error, a wrong one is caught; the call's own
+    output stays what it was (zeros), and the rest of the cache is untouched."""
+    lens = [50, 1, 33, 100, 7]
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens)
+    kv_cache.zero_()
+    check = self_checked(perturb=perturb)
+    q = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    _impl().forward(Scales(), q, None, None, kv_cache, md, out)
+    assert (out == 0).all()
+    assert not kv_cache.any()  # the filled blocks are restored
+    entry = _check_entry("decode 5-8")
+    if perturb:
+        assert (entry["checked"], entry["failed"]) == (1, 1) and check.declined("decode 5-8"), entry
+    else:
+        assert (entry["checked"], entry["passed"]) == (1, 1) and 0 < entry["max_error"] < 3e-2, entry
+
+
 def test_kv_cache_update_writes_vllms_slots(vllm_config):
     """The KV write the backend does (vLLM's Triton kernel on GPUs, an index-put on the CPU) fills exactly the
     slots vLLM's slot mapping names, in the views the kernels read."""

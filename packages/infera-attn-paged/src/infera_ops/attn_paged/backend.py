@@ -12,6 +12,11 @@ Self-check (infera_vllm.self_check): the first eager call of each batch kind and
 the rows the kernel wrote; a mismatch hands that bucket to the parent for the rest of the process
 (``self-check-mismatch``), the checked call included. vLLM's CPU build disables its Triton kernels, so there
 (validation only) the stand-in for the parent is the fp32 reference over the same cache views (reference.py).
+vLLM's warm-up batches (the eager runs before each CUDA-graph capture, where decode buckets are first seen)
+read a cache that holds no keys or values yet, so both outputs are zero and prove nothing: such a call is
+checked again with random keys and values written into the blocks its block table names (both kernels on
+the same filled blocks, vLLM's first), which are then restored, so the check sees the call's own shapes,
+lengths, block table and layer settings on data that can tell two kernels apart.
 
 Registered in the ``CUSTOM`` slot (seam.py), selected with ``--attention-backend CUSTOM``. Imported only once
 the plugin's checks passed (it imports torch and vLLM).
@@ -175,22 +180,55 @@ class InferaAttentionImpl(TritonAttentionImpl):
             with _check.timed(bucket):
                 theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata,
                                             torch.empty_like(output), decode)
-        key_cache, value_cache = kv_views(kv_cache, self.head_size)
-        if decode:
-            ops.paged_decode(query[:num_seqs], key_cache, value_cache, attn_metadata.block_table, seq_lens,
-                             self.scale, output[:num_seqs], sinks=self.sinks, window_left=self._infera_window,
-                             softcap=self._infera_softcap, num_splits=splits, workspace=workspace)
-        else:
-            ops.paged_prefill(query[:tokens], key_cache, value_cache, attn_metadata.block_table, seq_lens,
-                              attn_metadata.query_start_loc, self.scale, output[:tokens], sinks=self.sinks,
-                              window_left=self._infera_window, softcap=self._infera_softcap)
+        self._kernel(query, kv_cache, attn_metadata, output, decode, splits, workspace)
         _check.perturb(output[:rows])
         if theirs is not None:  # on a mismatch the call returns vLLM's result
-            agreed = _check.judge(bucket, output[:rows], theirs[:rows], tuple(query[:rows].shape))
+            ours_checked, theirs_checked = output[:rows], theirs[:rows]
+            if not bool(ours_checked.any()) and not bool(theirs_checked.any()):  # an empty cache: zeros
+                ours_checked, theirs_checked = self._on_filled_blocks(layer, query, key, value, kv_cache,
+                                                                      attn_metadata, output, decode, splits,
+                                                                      workspace, rows, bucket)
+            agreed = _check.judge(bucket, ours_checked, theirs_checked, tuple(query[:rows].shape))
             if not agreed:
                 output[:rows].copy_(theirs[:rows])
             _count(None if agreed else self_check.MISMATCH, tokens, "call")
         return output
+
+    def _kernel(self, query, kv_cache, md, output, decode: bool, splits: int, workspace):
+        """The decode or ragged prefill kernel on this call, into ``output``."""
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        if decode:
+            n = md.seq_lens.shape[0]
+            ops.paged_decode(query[:n], key_cache, value_cache, md.block_table, md.seq_lens, self.scale, output[:n],
+                             sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap,
+                             num_splits=splits, workspace=workspace)
+        else:
+            n = md.num_actual_tokens
+            ops.paged_prefill(query[:n], key_cache, value_cache, md.block_table, md.seq_lens, md.query_start_loc,
+                              self.scale, output[:n], sinks=self.sinks, window_left=self._infera_window,
+                              softcap=self._infera_softcap)
+
+    def _on_filled_blocks(self, layer, query, key, value, kv_cache, md, output, decode: bool, splits: int,
+                          workspace, rows: int, bucket: str):
+        """(ours, vLLM's) outputs of this call with the blocks its block table names filled with random keys
+        and values (N(0, 1)), vLLM's implementation first; the blocks are restored after."""
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        blocks = torch.unique(md.block_table[:md.seq_lens.shape[0]].long())
+        blocks = blocks[(blocks >= 0) & (blocks < key_cache.shape[0])]
+        saved = key_cache[blocks].clone(), value_cache[blocks].clone()
+        gen = torch.Generator(device=key_cache.device).manual_seed(0)
+        try:
+            for cache in (key_cache, value_cache):
+                cache[blocks] = torch.randn(cache[blocks].shape, generator=gen, device=cache.device,
+                                            dtype=torch.float32).to(cache.dtype)
+            with _check.timed(bucket):
+                theirs = self._vllm_forward(layer, query, key, value, kv_cache, md, torch.empty_like(output), decode)
+            ours = torch.empty_like(output)
+            self._kernel(query, kv_cache, md, ours, decode, splits, workspace)
+            _check.perturb(ours[:rows])
+        finally:
+            key_cache[blocks], value_cache[blocks] = saved
+        return ours[:rows], theirs[:rows]
 
     def _vllm_forward(self, layer, query, key, value, kv_cache, md, output, decode: bool):
         """vLLM's implementation of this call, into ``output``: the parent's forward (TRITON_ATTN's kernel);
