@@ -5,7 +5,9 @@ the last:
 
 1. launch configs (block_n x warps x stages) under the current defaults' split policy and PDL;
 2. split policies (programs per SM x fewest keys per slice) at that launch config;
-3. PDL off (where the GPU has it).
+3. slice caps above 64 (MAX_SPLITS_SWEEP x programs per SM enough to reach them at batch 1): more, shorter
+   slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
+4. PDL off (where the GPU has it).
 
 Then the ragged prefill kernel, per head size of bench_attn_paged.PREFILL_CONFIGS: coordinate descent over
 PREFILL_SPACE (rows per program, key tile, warps, stages: each swept in turn with the others at their best
@@ -43,6 +45,7 @@ from _results import describe_machine, results_dir, write_json  # noqa: E402
 
 PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
 SPLIT_KEYS = (64, 128, 256, 512)
+MAX_SPLITS_SWEEP = (128, 256)
 
 
 PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
@@ -196,6 +199,9 @@ def main() -> int:
                                                                bench.SWEEP_STAGES)])
         cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [(cfg, ops.SplitPolicy(p, k), pdl) for p, k in
                                                      itertools.product(PROGRAMS_PER_SM, SPLIT_KEYS)])
+        cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [
+            (cfg, ops.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
+            for p in sorted({pol.programs_per_sm, 8, 16, 32})])
         cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else []))
         best, base = seen.get((cfg, pol, pdl)), seen.get(default)
         labels = [f"{c.config} B{c.B} ctx{c.ctx}" for c, _, _ in cases]

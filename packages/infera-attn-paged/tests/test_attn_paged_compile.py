@@ -87,8 +87,9 @@ def compile_cases(family: str) -> list[aot.Case]:
             case(_paged_decode_kernel, f"decode D={D} G={G} {'split' if split else 'one slice'}",
                  _launch(cfg, BLOCK_N=cfg.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=ops.MAX_SPLITS, HAS_SINKS=True, HAS_WINDOW=True, USE_PDL=cuda)
-        case(_paged_decode_reduce_kernel, f"reduce D={D} S={ops.MAX_SPLITS}", f"w{cfg.reduce_warps}",
+        consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=ops.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,
+                      USE_PDL=cuda)
+        case(_paged_decode_reduce_kernel, f"reduce D={D} BLOCK_S={ops.REDUCE_BLOCK_S}", f"w{cfg.reduce_warps}",
              pointers=POINTERS, constexprs=consts, num_warps=cfg.reduce_warps)
         block_m, pcfg = prefill_config(family, D, G)
         for on in (False, True):
@@ -108,7 +109,7 @@ def test_compiles_without_spills(family, case):
 @pytest.mark.skipif("sm90" not in aot.selected_families(), reason="programmatic dependent launch is sm90's")
 @pytest.mark.parametrize("pdl", [True, False])
 def test_reduce_waits_for_the_main_kernel_only_under_pdl(pdl):
-    consts = dict(D=80, BLOCK_D=128, BLOCK_S=ops.MAX_SPLITS, HAS_SINKS=pdl, HAS_WINDOW=pdl, USE_PDL=pdl)
+    consts = dict(D=80, BLOCK_D=128, BLOCK_S=ops.REDUCE_BLOCK_S, HAS_SINKS=pdl, HAS_WINDOW=pdl, USE_PDL=pdl)
     compiled = aot.compile_kernel(_paged_decode_reduce_kernel, "sm90", pointers=POINTERS, constexprs=consts)
     # the programmatic-dependent-launch wait is in the code where asked for, and only there
     assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == pdl

@@ -145,6 +145,14 @@ def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
     tuning._table.cache_clear()
     try:
         assert ops.decode_defaults(128, "cpu")[0] == ops.LaunchConfig(32, 8, 1, reduce_warps=8)
+        assert ops.decode_defaults(128, "cpu")[1] == ops.SplitPolicy(16, 128, max_splits=64)  # the default ceiling
+        path.write_text(json.dumps({"decode": {"128": dict(decode, max_splits=128)}}))
+        tuning._table.cache_clear()
+        assert ops.decode_defaults(128, "cpu")[1].max_splits == 128
+        path.write_text(json.dumps({"decode": {"128": dict(decode, reduce_warps=8)},
+                                    "prefill": {"64": dict(block_m=128, block_n=64, num_warps=8, num_stages=1),
+                                                "128": dict(block_m=16, block_n=32, num_warps=16, num_stages=1)}}))
+        tuning._table.cache_clear()
         assert tuning.prefill_settings(80, "cpu") == tuning.PrefillSettings(16, 32, 16, 1)  # 80 takes 128's
         assert tuning.prefill_settings(256, "cpu") is None
         # BLOCK_M is at least the group's power of two; a head size the file leaves out takes the defaults

@@ -71,6 +71,20 @@ def test_more_splits_than_keys_and_empty_sequences():
         assert (out[1] == 0).all() and (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("splits", [65, 130])
+def test_more_slices_than_the_reduce_merges_at_once(splits):
+    """Past ops.REDUCE_BLOCK_S slices the reduce merges them in steps with a running maximum: the long
+    sequence has keys in every slice (a slice is at least one 64-key tile), so each step rescales the sums of
+    the steps before it; slices past a short sequence's keys (empty: lse -inf) fill whole steps. With and
+    without sinks."""
+    assert splits > ops.REDUCE_BLOCK_S
+    q, k, v, bt, lens = paged_case(3, 4, 2, 64, 16, [64 * splits - 5, 70, 2])
+    q = q * 4  # peaked logits: the slices' log-sum-exps differ by units, so a step that skipped the
+    # rescale of the earlier steps' sums would weigh them wrongly by far more than the tolerance
+    check(q, k, v, bt, lens, num_splits=splits)
+    check(q, k, v, bt, lens, sinks=torch.randn(4, device=DEV) * 2, num_splits=splits)
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 def test_sinks(splits):
     q, k, v, bt, lens = paged_case(3, 8, 2, 64, 16, [90, 5, 33])
@@ -128,11 +142,15 @@ def test_split_cap_fills_the_gpu_and_ignores_lengths():
     pol = ops.SPLIT_POLICY
     caps = [ops.split_cap(b, 8, dev) for b in (1, 16, 256, 4096)]
     assert caps == sorted(caps, reverse=True)
-    assert caps[0] == min(ops.MAX_SPLITS, pol.programs_per_sm * ops._sm_count(dev) // 8)
+    assert caps[0] == min(pol.max_splits, pol.programs_per_sm * ops._sm_count(dev) // 8)
     assert caps[-1] == 1
     for b in (1, 3, 64):
         s = ops.split_cap(b, 3, dev)
-        assert 1 <= s <= ops.MAX_SPLITS and (s == 1 or b * 3 * s <= pol.programs_per_sm * ops._sm_count(dev))
+        assert 1 <= s <= pol.max_splits and (s == 1 or b * 3 * s <= pol.programs_per_sm * ops._sm_count(dev))
+    # a policy's own ceiling, within ops.MAX_SPLITS
+    many = ops.SplitPolicy(programs_per_sm=1024, max_splits=128)
+    assert ops.split_cap(1, 1, dev, many) == 128
+    assert ops.split_cap(1, 1, dev, ops.SplitPolicy(programs_per_sm=1024, max_splits=4096)) == ops.MAX_SPLITS
 
 
 @pytest.mark.parametrize("window", [-1, 40])

@@ -25,8 +25,9 @@ and exp2.
 
 A sequence with S_b = 1 is finished by its only program (normalised, sinks added, written to ``out``). With
 S_b > 1 each program writes its normalised partial output and log2-sum-exp in fp32, and
-``_paged_decode_reduce_kernel`` (grid = (B, Hq)) merges the S_b slices, adding the sink to the denominator;
-it recomputes S_b from the same length, so no per-sequence count is stored. With ``USE_PDL`` the reduce is
+``_paged_decode_reduce_kernel`` (grid = (B, Hq)) merges the S_b slices, BLOCK_S at a time with a running
+maximum, adding the sink to the denominator; it recomputes S_b from the same length, so no per-sequence
+count is stored. With ``USE_PDL`` the reduce is
 launched as a programmatic dependent of the main kernel (Hopper and later): its programs start while the
 main kernel drains and wait (``gdc_wait``) until its writes are visible, which hides one launch latency.
 """
@@ -217,13 +218,15 @@ def _paged_decode_reduce_kernel(
     split_keys,  # as the main kernel
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # next power of two >= S
+    BLOCK_S: tl.constexpr,  # slices merged per step: next power of two >= S, at most 64 (a [BLOCK_S, BLOCK_D] tile)
     HAS_SINKS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the main kernel's writes
 ):
     """o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over slices and sink,
-    over the S_b slices of sequences with S_b > 1 (the main kernel wrote the others' outputs itself)."""
+    over the S_b slices of sequences with S_b > 1 (the main kernel wrote the others' outputs itself); the
+    slices taken BLOCK_S at a time, the running sums rescaled to each step's maximum (a slice with no visible
+    key has lse = -inf and weight 0)."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -233,20 +236,30 @@ def _paged_decode_reduce_kernel(
     if USE_PDL:
         gdc_wait()
     row = b * tl.num_programs(1) + hq
-    sl = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
-    big = tl.max(lse, axis=0)
+    # fp32 scalars from the start: a loop-carried value must keep its type
+    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
+    big = denom - float("inf")  # the running maximum of the lse seen (log2 units)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, n_slices, BLOCK_S):
+        sl = s0 + tl.arange(0, BLOCK_S)
+        lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
+        new = tl.maximum(big, tl.max(lse, axis=0))
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        w = tl.exp2(lse - use)
+        live = lse > float("-inf")
+        o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :],
+                    mask=live[:, None] & (d < D)[None, :], other=0.0)
+        acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
+        denom = denom * rescale + tl.sum(w, axis=0)
+        big = new
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
-        big = tl.maximum(big, sink)
-    big = tl.where(big == float("-inf"), 0.0, big)
-    w = tl.exp2(lse - big)
-    live = lse > float("-inf")
-    o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :], mask=live[:, None] & (d < D)[None, :],
-                other=0.0)
-    denom = tl.sum(w, axis=0)
-    if HAS_SINKS:
-        denom += tl.exp2(sink - big)
-    o = tl.sum(o * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
+        new = tl.maximum(big, sink)
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        acc = acc * rescale
+        denom = denom * rescale + tl.exp2(sink - use)
+    o = acc / tl.where(denom > 0, denom, 1.0)
     tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d < D)

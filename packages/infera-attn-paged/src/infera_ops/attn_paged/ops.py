@@ -18,7 +18,8 @@ from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel
 from infera_vllm import triton_dot
 from infera_vllm.triton_dot import pdl_supported
 
-MAX_SPLITS = 64
+MAX_SPLITS = 256  # the most slices any policy may ask for (SplitPolicy.max_splits picks within it)
+REDUCE_BLOCK_S = 64  # slices the reduce kernel merges per step
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class SplitPolicy:
 
     programs_per_sm: int = 16
     split_keys: int = 128
+    max_splits: int = 64  # the slice cap's ceiling (at most MAX_SPLITS): more slices, more programs at batch 1
 
 
 # Launch sizes for a GPU family without a tuning file (tuning.py; sm90 has one, measured): small tiles that
@@ -61,7 +63,8 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     if tuned is None:
         return launch_config(head_size), SPLIT_POLICY, pdl_supported(device)
     return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps),
-            SplitPolicy(tuned.programs_per_sm, tuned.split_keys), tuned.pdl and pdl_supported(device))
+            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits),
+            tuned.pdl and pdl_supported(device))
 
 
 def _sm_count(device: torch.device) -> int:
@@ -73,13 +76,14 @@ def _sm_count(device: torch.device) -> int:
 def split_cap(batch: int, num_kv_heads: int, device: torch.device, policy: SplitPolicy | None = None,
               head_size: int | None = None) -> int:
     """The slice cap S for a batch size: programs_per_sm x SMs programs over batch x KV heads, in
-    [1, MAX_SPLITS]. Depends on the batch size and head count only, never on context lengths, so a CUDA graph
-    captured for one batch size replays with any lengths (each sequence's slice count is chosen on the device
-    from its length, see kernels.py). Policy: the given one, else the device's for ``head_size`` (or
+    [1, policy.max_splits] (at most MAX_SPLITS). Depends on the batch size and head count only, never on
+    context lengths, so a CUDA graph captured for one batch size replays with any lengths (each sequence's
+    slice count is chosen on the device from its length, see kernels.py). Policy: the given one, else the device's for ``head_size`` (or
     SPLIT_POLICY without one)."""
     if policy is None:
         policy = decode_defaults(head_size, device)[1] if head_size else SPLIT_POLICY
-    return max(1, min(MAX_SPLITS, policy.programs_per_sm * _sm_count(device) // (batch * num_kv_heads)))
+    ceiling = min(MAX_SPLITS, policy.max_splits)
+    return max(1, min(ceiling, policy.programs_per_sm * _sm_count(device) // (batch * num_kv_heads)))
 
 
 def slices_per_sequence(seq_lens: torch.Tensor, cap: int, *, window_left: int = -1,
@@ -167,7 +171,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         _paged_decode_reduce_kernel[(B, Hq)](
             part_out, part_lse, sinks if sinks is not None else q, seq_lens, out, out.stride(0), out.stride(1),
             splits, int(window_left), int(policy.split_keys),
-            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=triton.next_power_of_2(splits),
+            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)),
             HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=cfg.reduce_warps,
             **pdl_kw)
     return out
