@@ -78,8 +78,8 @@ def split_cap(batch: int, num_kv_heads: int, device: torch.device, policy: Split
     """The slice cap S for a batch size: programs_per_sm x SMs programs over batch x KV heads, in
     [1, policy.max_splits] (at most MAX_SPLITS). Depends on the batch size and head count only, never on
     context lengths, so a CUDA graph captured for one batch size replays with any lengths (each sequence's
-    slice count is chosen on the device from its length, see kernels.py). Policy: the given one, else the device's for ``head_size`` (or
-    SPLIT_POLICY without one)."""
+    slice count is chosen on the device from its length, see kernels.py). Policy: the given one, else the
+    device's for ``head_size`` (or SPLIT_POLICY without one)."""
     if policy is None:
         policy = decode_defaults(head_size, device)[1] if head_size else SPLIT_POLICY
     ceiling = min(MAX_SPLITS, policy.max_splits)

@@ -7,11 +7,12 @@ cover, uses ops.py's defaults.
 
 File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measured": {...}}`` where each
 decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (ops.LaunchConfig),
-``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64) and ``pdl``, and each prefill entry (optional section)
-``block_m`` (the fewest rows; at least the query heads per KV head), ``block_n``, ``num_warps``,
-``num_stages``; a head size takes the entry of the smallest listed size >= it (80 and 96 take 128's), none
-above the largest. ``declined_head_sizes`` (optional): ``{"256": "why"}``, head sizes the op does not serve
-on that family (every launch spills there): such layers stay on vLLM's attention (``head-size-on-family``).
+``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64) and ``pdl``, and
+each prefill entry (optional section) ``block_m`` (the fewest rows; at least the query heads per KV head),
+``block_n``, ``num_warps``, ``num_stages``; a head size takes the entry of the smallest listed size >= it (80
+and 96 take 128's), none above the largest. ``declined_head_sizes`` (optional): ``{"256": "why"}``, head sizes
+the op does not serve on that family (every launch spills there): such layers stay on vLLM's attention
+(``head-size-on-family``).
 """
 
 from __future__ import annotations
