@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attn_paged as bench  # noqa: E402
 import torch  # noqa: E402
 from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _search import descend  # noqa: E402
 
 PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
 SPLIT_KEYS = (64, 128, 256, 512)
@@ -50,19 +51,6 @@ MAX_SPLITS_SWEEP = (128, 256)
 
 PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
 PREFILL_PASSES = 2
-
-
-def descend(score, start: dict, space: dict, passes: int) -> dict:
-    """Coordinate descent: each parameter of ``space`` in turn takes the value with the lowest
-    ``score(params)`` (None: failed, wrong or not run), the others held at the best so far."""
-    best = dict(start)
-    for _ in range(passes):
-        for name, values in space.items():
-            scored = [(score({**best, name: v}), {**best, name: v}) for v in values]
-            scored = [(t, p) for t, p in scored if t is not None]
-            if scored:
-                best = min(scored, key=lambda tp: tp[0])[1]
-    return best
 
 
 def geomean(xs):

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _search import descend  # noqa: E402
 from bench_moe_decode import DIMS, Case, make_weights, rel_err, vllm_experts  # noqa: E402
 
 TOKENS = (1, 2, 4, 8, 16)
@@ -91,14 +92,6 @@ class Scorer:
         return self.seen[key]
 
 
-def descend(score, start: dict, space: dict) -> dict:
-    best = dict(start)
-    for _ in range(PASSES):
-        for name, values in space.items():
-            best = max(({**best, name: v} for v in values), key=lambda p: score(p)[0])
-    return best
-
-
 def served_everywhere(served: dict, tokens) -> int:
     """For shapes not measured: the largest M up to which every measured dims is served (0: none)."""
     max_tokens = 0
@@ -124,9 +117,12 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         base = tuning.load(family)
     for M in tokens:
         score = Scorer(weights, M, gen)
-        split = descend(score, SPLIT_START, SPLIT_SPACE) if "split" in forms else None
-        fused = descend(score, FUSED_START, FUSED_SPACE) if "fused" in forms and M <= FUSED_UP_TO else None
-        persistent = descend(score, PERSISTENT_START, PERSISTENT_SPACE) if "persistent" in forms else None
+        def cost(p, score=score):  # the geometric-mean speedup over vLLM, highest first
+            return -score(p)[0]
+
+        split = descend(cost, SPLIT_START, SPLIT_SPACE, PASSES) if "split" in forms else None
+        fused = descend(cost, FUSED_START, FUSED_SPACE, PASSES) if "fused" in forms and M <= FUSED_UP_TO else None
+        persistent = descend(cost, PERSISTENT_START, PERSISTENT_SPACE, PASSES) if "persistent" in forms else None
         kept = base.config_for(M).as_dict() if base else None
         candidates = list(filter(None, (fused, split, persistent, kept)))
         best = max(candidates, key=lambda p: score(p)[0])
