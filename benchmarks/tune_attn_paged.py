@@ -1,13 +1,16 @@
 """Tune infera-attn-paged's decode kernel for this GPU: per head size, the launch config, the split policy
 and programmatic dependent launch that give the lowest geometric-mean time over the decode table's rows
-(bench_attn_paged.py's ROWS for every head config of that size), in three passes, each from the best of
+(bench_attn_paged.py's ROWS for every head config of that size), in five passes, each from the best of
 the last:
 
 1. launch configs (block_n x warps x stages) under the current defaults' split policy and PDL;
 2. split policies (programs per SM x fewest keys per slice) at that launch config;
 3. slice caps above 64 (MAX_SPLITS_SWEEP x programs per SM enough to reach them at batch 1): more, shorter
    slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
-4. PDL off (where the GPU has it).
+4. PDL off (where the GPU has it);
+5. the launch config of the rows whose slice cap is 1 (ops.LaunchConfig.unsplit: large batches, one program
+   per sequence and KV head, each walking a whole sequence), timed on those rows alone, kept only if the
+   whole table is faster with it.
 
 Then the ragged prefill kernel, per head size of bench_attn_paged.PREFILL_CONFIGS: coordinate descent over
 PREFILL_SPACE (rows per program, key tile, warps, stages: each swept in turn with the others at their best
@@ -23,7 +26,7 @@ op's tuning format, tuning.py, with what was measured) and ``tune_attn_paged.jso
 BENCH_OUT (default results/<gpu>/); the op reads the first from its ``tuning/`` folder once committed there,
 or from ``INFERA_ATTN_PAGED_TUNING``.
 
-    python benchmarks/tune_attn_paged.py [--budget-s 300] [--prefill-budget-s 150] [--no-decode]
+    python benchmarks/tune_attn_paged.py [--budget-s 300] [--prefill-budget-s 150] [--no-decode] [--passes 3,5]
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,6 +54,15 @@ MAX_SPLITS_SWEEP = (128, 256)
 
 PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
 PREFILL_PASSES = 2
+
+
+def table_entry(cfg, pol, pdl) -> dict:
+    """A decode entry of the tuning file (tuning.py's format) for these settings."""
+    entry = {**asdict(replace(cfg, unsplit=None)), **asdict(pol), "pdl": bool(pdl)}
+    entry.pop("unsplit")
+    if cfg.unsplit is not None:
+        entry["unsplit"] = {k: getattr(cfg.unsplit, k) for k in ("block_n", "num_warps", "num_stages")}
+    return entry
 
 
 def geomean(xs):
@@ -132,7 +144,11 @@ def main() -> int:
     parser.add_argument("--prefill-budget-s", type=float, default=150.0,
                         help="the same for the prefill launches (0: prefill not tuned)")
     parser.add_argument("--no-decode", action="store_true", help="tune the prefill launches only")
+    parser.add_argument("--passes", default="1,2,3,4,5",
+                        help="the decode passes to run (comma-separated), each from the best of the last, the first "
+                             "from the settings in use (the packaged tuning file or INFERA_ATTN_PAGED_TUNING)")
     args = parser.parse_args()
+    passes = {int(p) for p in args.passes.split(",") if p.strip()}
     if not torch.cuda.is_available():
         print("tune_attn_paged: needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -162,49 +178,71 @@ def main() -> int:
         default = ops.decode_defaults(D, device)
         seen = {}
 
-        def score(cand):
-            """Geometric-mean µs over the rows, or None if any row failed or was wrong (then never chosen)."""
-            if cand in seen:
-                return seen[cand]["geomean_us"]
+        def score(cand, only=None):
+            """Geometric-mean µs over the rows (those indexed by ``only``, else all), or None if any row failed
+            or was wrong (then never chosen)."""
+            key = (cand, only)
+            if key in seen:
+                return seen[key]["geomean_us"]
             if time.time() > deadline:
                 return None
             cfg, pol, pdl = cand
+            picked = [cases[i] for i in only] if only else cases
             rows = [bench.measure(lambda c=c: bench.make_ours(ops, c, config=cfg, policy=pol, pdl=pdl), c, ref,
-                                  copies=n, rep=bench.SWEEP_REP_MS) for c, n, ref in cases]
+                                  copies=n, rep=bench.SWEEP_REP_MS) for c, n, ref in picked]
             good = all(r["ok"] and r["us"] for r in rows)
-            seen[cand] = {"config": asdict(cfg), "policy": asdict(pol), "pdl": pdl, "us": [r["us"] for r in rows],
-                          "ok": good, "errors": [r["error"] for r in rows if r["error"]],
-                          "geomean_us": geomean([r["us"] for r in rows]) if good else None}
-            return seen[cand]["geomean_us"]
+            seen[key] = {"config": asdict(cfg), "policy": asdict(pol), "pdl": pdl, "us": [r["us"] for r in rows],
+                         "rows": list(only) if only else None, "ok": good,
+                         "errors": [r["error"] for r in rows if r["error"]],
+                         "geomean_us": geomean([r["us"] for r in rows]) if good else None}
+            return seen[key]["geomean_us"]
 
-        def best_of(cands):
-            scored = [(score(c), c) for c in cands]
+        def best_of(cands, only=None):
+            """The lowest-scoring candidate; the first (the best so far) when none could be scored."""
+            scored = [(score(c, only), c) for c in cands]
             scored = [(s, c) for s, c in scored if s is not None]
-            return min(scored, key=lambda sc: sc[0])[1] if scored else default
+            return min(scored, key=lambda sc: sc[0])[1] if scored else cands[0]
 
-        cfg, pol, pdl = best_of([default] + [(ops.LaunchConfig(bn, w, st), default[1], default[2]) for bn, w, st in
-                                             itertools.product(bench.SWEEP_BLOCK_N, bench.SWEEP_WARPS,
-                                                               bench.SWEEP_STAGES)])
-        cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [(cfg, ops.SplitPolicy(p, k), pdl) for p, k in
-                                                     itertools.product(PROGRAMS_PER_SM, SPLIT_KEYS)])
-        cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [
-            (cfg, ops.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
-            for p in sorted({pol.programs_per_sm, 8, 16, 32})])
-        cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else []))
-        best, base = seen.get((cfg, pol, pdl)), seen.get(default)
+        cfg, pol, pdl = default
+        if 1 in passes:
+            cfg, pol, pdl = best_of([default] + [(ops.LaunchConfig(bn, w, st, unsplit=cfg.unsplit), pol, pdl)
+                                                 for bn, w, st in itertools.product(
+                                                     bench.SWEEP_BLOCK_N, bench.SWEEP_WARPS, bench.SWEEP_STAGES)])
+        if 2 in passes:
+            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [(cfg, ops.SplitPolicy(p, k), pdl) for p, k in
+                                                         itertools.product(PROGRAMS_PER_SM, SPLIT_KEYS)])
+        if 3 in passes:
+            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [
+                (cfg, ops.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
+                for p in sorted({pol.programs_per_sm, 8, 16, 32})])
+        if 4 in passes:
+            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else []))
+        # 5. the launch of the rows whose slice cap is 1 under the chosen policy, timed on those rows alone (the
+        # others never use it), then the whole table with and without it
+        unsplit_rows = tuple(i for i, (c, _, _) in enumerate(cases) if ops.split_cap(c.B, c.Hkv, device, pol) == 1)
+        if unsplit_rows and 5 in passes:
+            plain = replace(cfg, unsplit=None)
+            won = best_of([(plain, pol, pdl)] + [(replace(cfg, unsplit=ops.LaunchConfig(bn, w, st)), pol, pdl)
+                                                 for bn, w, st in itertools.product(bench.SWEEP_BLOCK_N,
+                                                                                    bench.SWEEP_WARPS,
+                                                                                    bench.SWEEP_STAGES)],
+                          only=unsplit_rows)
+            cfg, pol, pdl = best_of([(cfg, pol, pdl), won])
+        best, base = seen.get(((cfg, pol, pdl), None)), seen.get((default, None))
         labels = [f"{c.config} B{c.B} ctx{c.ctx}" for c, _, _ in cases]
         if best is None or not best["ok"]:
             print(f"\nhead size {D}: no candidate ran on every row within the budget; left untuned")
             continue
         print(f"\nhead size {D}: best block_n={cfg.block_n} warps={cfg.num_warps} stages={cfg.num_stages} "
-              f"programs_per_sm={pol.programs_per_sm} split_keys={pol.split_keys} pdl={pdl}; "
+              f"programs_per_sm={pol.programs_per_sm} split_keys={pol.split_keys} max_splits={pol.max_splits} "
+              f"pdl={pdl} unsplit={table_entry(cfg, pol, pdl).get('unsplit')}; "
               f"{len(seen)} candidates, {sum(not e['ok'] for e in seen.values())} failed or wrong")
         print(f"  {'row':<28} {'default us':>10} {'best us':>9} {'FA3 us':>8} {'x FA3':>6}")
         for i, label in enumerate(labels):
             d_us = base["us"][i] if base else None
             print(f"  {label:<28} {bench.fmt(d_us, '10.1f'):>10} {best['us'][i]:9.1f} "
                   f"{bench.fmt(fa3[i], '8.1f'):>8} {bench.fmt(bench.ratio(fa3[i], best['us'][i]), '6.2f'):>6}")
-        table[str(D)] = {**asdict(cfg), **asdict(pol), "pdl": bool(pdl)}
+        table[str(D)] = table_entry(cfg, pol, pdl)
         doc["head_sizes"][str(D)] = {"rows": labels, "fa3_us": fa3, "default": base, "best": best,
                                      "candidates": list(seen.values())}
         # this head size's tensors go before the next size's are made; emptied, not deleted: score reads the name

@@ -356,7 +356,7 @@ def test_startup_and_the_self_check_cost():
     assert "self-check startup cost: +1.7% (every-op vs every-op-nocheck)" in text
     assert "startup (engine construction) x off (40.5 s): every-op 1.042" in text
     configs = validate.run_configs(["norm", "attn-paged"], gpu=True, real=False, base_llm={}, self_check_cost=True)
-    assert [c["label"] for c in configs] == ["off", "off2", "default", "every-op", "every-op-nocheck", "norm",
+    assert [c["label"] for c in configs] == ["off", "every-op", "every-op-nocheck", "off2", "default", "norm",
                                              "attn-paged"]
     every = {c["label"]: c["env"] for c in configs}
     assert every["every-op"] == {"INFERA_VLLM_OPS": "norm,attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1",

@@ -149,6 +149,15 @@ def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
         path.write_text(json.dumps({"decode": {"128": dict(decode, max_splits=128)}}))
         tuning._table.cache_clear()
         assert ops.decode_defaults(128, "cpu")[1].max_splits == 128
+        assert ops.decode_defaults(128, "cpu")[0].unsplit is None
+        path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128, num_warps=4,
+                                                                                 num_stages=3))}}))
+        tuning._table.cache_clear()
+        assert ops.decode_defaults(128, "cpu")[0].unsplit == ops.LaunchConfig(128, 4, 3)
+        path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128))}}))
+        tuning._table.cache_clear()
+        with pytest.raises(tuning.TuningError, match="unsplit must hold exactly"):
+            tuning.load("sm90")
         path.write_text(json.dumps({"decode": {"128": dict(decode, reduce_warps=8)},
                                     "prefill": {"64": dict(block_m=128, block_n=64, num_warps=8, num_stages=1),
                                                 "128": dict(block_m=16, block_n=32, num_warps=16, num_stages=1)}}))

@@ -122,6 +122,29 @@ def test_workspace_is_used_and_checked():
         ops.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
 
 
+def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch):
+    """LaunchConfig.unsplit serves launches whose slice cap is 1, the config itself the others."""
+    launched = []
+    kernel = ops._paged_decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append((grid[2], kwargs["BLOCK_N"], kwargs["num_warps"]))
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(ops, "_paged_decode_kernel", Spy())
+    cfg = ops.LaunchConfig(block_n=32, num_warps=4, unsplit=ops.LaunchConfig(block_n=16, num_warps=2))
+    q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [40, 70])
+    for splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        ops.paged_decode(q, k, v, bt, lens, 0.125, out, num_splits=splits, config=cfg, policy=EVERY_SLICE)
+        ref = paged_decode_reference(q, k, v, bt, lens, 0.125)
+        torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
+    assert launched == [(1, 16, 2), (2, 32, 4)]
+
+
 def test_rows_past_the_batch_are_untouched():
     q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [30, 44])
     out = torch.full((3, 4, 64), 7.0, dtype=q.dtype, device=DEV)
@@ -164,6 +187,7 @@ def test_slice_count_follows_each_sequence_length(window):
     q, k, v, bt, seq_lens = paged_case(len(lens), 8, 2, 64, 16, lens)
     ws = ops.Workspace(len(lens) * cap, 8, 64, DEV, max_splits=cap)
     ws.lse.fill_(float("nan"))
+    ws.out.fill_(float("nan"))  # the reduce loads rows past a sequence's slices too: their NaN must not leak
     check(q, k, v, bt, seq_lens, window_left=window, num_splits=cap, workspace=ws, policy=policy)
     want = [min(cap, max(1, -(-(n if window < 0 else min(n, window + 1)) // 32))) for n in lens]
     assert ops.slices_per_sequence(seq_lens, cap, window_left=window, policy=policy).tolist() == want

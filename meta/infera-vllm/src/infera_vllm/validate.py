@@ -186,14 +186,10 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
     """The configurations of one model, in the order each round runs them. ``self_check_cost``: every op
     that takes layers here together (``every-op``: ``INFERA_VLLM_OPS`` = all of ``ops``, each op's alone
     switches too, the check ``first``) and the same with the check off (``every-op-nocheck``), so the check's
-    share of startup is measured where every op that can serve this model does."""
+    share of startup is measured where every op that can serve this model does. That pair runs right after
+    ``off``, so a call cut short by its budget has measured the check first."""
     off = {"INFERA_VLLM_OPS_DISABLE": "1"}
-    configs = [{"label": "off", "plugin": False, "env": off, "llm": {}},
-               {"label": "off2", "plugin": False, "env": off, "llm": {}}]
-    if gpu and real and "attn-paged" in ops:
-        configs.append({"label": "off-triton", "plugin": False, "env": off,
-                        "llm": {"attention_config": {"backend": "TRITON_ATTN"}}})
-    configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
+    configs = [{"label": "off", "plugin": False, "env": off, "llm": {}}]
     if self_check_cost and ops:
         every = {"INFERA_VLLM_OPS": ",".join(ops)}
         for op in ops:
@@ -202,6 +198,11 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
                      "llm": {}},
                     {"label": "every-op-nocheck", "plugin": True, "env": {**every, "INFERA_VLLM_SELF_CHECK": "off"},
                      "llm": {}}]
+    configs.append({"label": "off2", "plugin": False, "env": off, "llm": {}})
+    if gpu and real and "attn-paged" in ops:
+        configs.append({"label": "off-triton", "plugin": False, "env": off,
+                        "llm": {"attention_config": {"backend": "TRITON_ATTN"}}})
+    configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
     configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
                 for op in ops]
     for c in configs:

@@ -20,6 +20,13 @@ from infera_vllm.triton_dot import pdl_supported
 
 MAX_SPLITS = 256  # the most slices any policy may ask for (SplitPolicy.max_splits picks within it)
 REDUCE_BLOCK_S = 64  # slices the reduce kernel merges per step
+REDUCE_TILE = 64 * 128  # ... at most this many fp32 elements per step ([slices, head dims]): D = 256 takes 32
+
+
+def reduce_block_s(splits: int, head_size: int) -> int:
+    """Slices the reduce kernel merges per step for a slice cap: a power of two, at most REDUCE_BLOCK_S and
+    REDUCE_TILE / (head dims, padded), and no more than the cap needs."""
+    return min(REDUCE_BLOCK_S, triton.next_power_of_2(splits), REDUCE_TILE // triton.next_power_of_2(head_size))
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,10 @@ class LaunchConfig:
     num_warps: int = 4
     num_stages: int = 2
     reduce_warps: int = 4  # the split reduce kernel's (decode)
+    # decode launches whose slice cap is 1 (batches that fill the GPU one program per sequence and KV head)
+    # take these sizes instead, where set: each program then walks a whole sequence, and the tile that streams
+    # a long walk best is not the one that suits many short slices
+    unsplit: LaunchConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,8 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     tuned = tuning.decode_settings(head_size, device)
     if tuned is None:
         return launch_config(head_size), SPLIT_POLICY, pdl_supported(device)
-    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps),
+    unsplit = LaunchConfig(*tuned.unsplit) if tuned.unsplit else None
+    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps, unsplit),
             SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits),
             tuned.pdl and pdl_supported(device))
 
@@ -130,7 +142,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     along D); block_table ``[B, pages]`` and seq_lens ``[B]`` int32; sinks ``[Hq]`` logits or None;
     window_left >= 0 keeps keys at most that far behind the query (vLLM's ``sliding_window - 1``), -1 all;
     softcap > 0 caps the logits. ``num_splits`` is the slice cap S (default :func:`split_cap`); each
-    sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes; ``pdl``
+    sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes (its
+    ``unsplit`` sizes where S = 1); ``pdl``
     whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`); each defaults
     to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
     sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
@@ -144,6 +157,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     tuned_cfg, tuned_policy, tuned_pdl = decode_defaults(D, q.device)
     cfg, policy = config or tuned_cfg, policy or tuned_policy
     splits = num_splits or split_cap(B, Hkv, q.device, policy)
+    if splits == 1 and cfg.unsplit is not None:
+        cfg = cfg.unsplit
     use_pdl = tuned_pdl if pdl is None else pdl and pdl_supported(q.device)
     G = Hq // Hkv
     common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
@@ -171,7 +186,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         _paged_decode_reduce_kernel[(B, Hq)](
             part_out, part_lse, sinks if sinks is not None else q, seq_lens, out, out.stride(0), out.stride(1),
             splits, int(window_left), int(policy.split_keys),
-            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)),
+            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=reduce_block_s(splits, D),
             HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=cfg.reduce_warps,
             **pdl_kw)
     return out

@@ -7,12 +7,13 @@ cover, uses ops.py's defaults.
 
 File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measured": {...}}`` where each
 decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (ops.LaunchConfig),
-``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64) and ``pdl``, and
-each prefill entry (optional section) ``block_m`` (the fewest rows; at least the query heads per KV head),
-``block_n``, ``num_warps``, ``num_stages``; a head size takes the entry of the smallest listed size >= it (80
-and 96 take 128's), none above the largest. ``declined_head_sizes`` (optional): ``{"256": "why"}``, head sizes
-the op does not serve on that family (every launch spills there): such layers stay on vLLM's attention
-(``head-size-on-family``).
+``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64), ``pdl``, and
+optionally ``unsplit`` (``{"block_n", "num_warps", "num_stages"}`` for launches whose slice cap is 1,
+ops.LaunchConfig.unsplit), and each prefill entry (optional section) ``block_m`` (the fewest rows; at least
+the query heads per KV head), ``block_n``, ``num_warps``, ``num_stages``; a head size takes the entry of the
+smallest listed size >= it (80 and 96 take 128's), none above the largest. ``declined_head_sizes`` (optional):
+``{"256": "why"}``, head sizes the op does not serve on that family (every launch spills there): such layers stay
+on vLLM's attention (``head-size-on-family``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class DecodeSettings:
     pdl: bool = True
     reduce_warps: int = 4
     max_splits: int = 64
+    unsplit: tuple[int, int, int] | None = None  # (block_n, num_warps, num_stages) where the slice cap is 1
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,21 @@ def _cuda_family(index) -> str:
     return f"sm{major}{minor}"
 
 
+def _unsplit(entry) -> tuple[int, int, int] | None:
+    """A decode entry's ``unsplit`` launch: ``{"block_n", "num_warps", "num_stages"}`` (or null)."""
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or set(entry) != {"block_n", "num_warps", "num_stages"}:
+        raise ValueError(f"unsplit must hold exactly block_n, num_warps and num_stages, not {entry!r}")
+    return int(entry["block_n"]), int(entry["num_warps"]), int(entry["num_stages"])
+
+
 def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
     doc = tuning_files.document(text, source, TuningError)
     try:
         entries = doc["decode"]
-        decode = {int(size): DecodeSettings(**{k: v for k, v in entry.items() if k != "measured"})
+        decode = {int(size): DecodeSettings(**{k: _unsplit(v) if k == "unsplit" else v
+                                               for k, v in entry.items() if k != "measured"})
                   for size, entry in entries.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TuningError(f"{source}: not a decode tuning file ({exc})") from exc
