@@ -94,14 +94,15 @@ def _impl(**kw):
                     args.pop("kv_sharing_target_layer_name"), **args)
 
 
-def _decode_batch(vllm_config, lens, query_lens=None):
-    """vLLM's CommonAttentionMetadata for one step, through the backend's own metadata builder."""
+def _decode_batch(vllm_config, lens, query_lens=None, pages=None):
+    """vLLM's CommonAttentionMetadata for one step, through the backend's own metadata builder (``pages``:
+    block-table columns, default as many as the longest sequence needs)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     query_lens = query_lens or [1] * len(lens)
-    B, pages = len(lens), -(-max(lens) // PAGE)
+    B, pages = len(lens), pages or -(-max(lens) // PAGE)
     nblocks = B * pages + 3
     kv_cache = torch.randn(nblocks, PAGE, HKV, 2 * D, dtype=torch.bfloat16, device=DEV).permute(0, 2, 1, 3)
     block_table = torch.randperm(nblocks, device=DEV)[: B * pages].view(B, pages).to(torch.int32)
@@ -308,6 +309,31 @@ def test_self_check_on_an_empty_cache_fills_the_blocks_then_restores_them(vllm_c
     _impl().forward(Scales(), q, None, None, kv_cache, md, out)
     assert (out == 0).all()
     assert not kv_cache.any()  # the filled blocks are restored
+    entry = _check_entry("decode 5-8")
+    if perturb:
+        assert (entry["checked"], entry["failed"]) == (1, 1) and check.declined("decode 5-8"), entry
+    else:
+        assert (entry["checked"], entry["passed"]) == (1, 1) and 0 < entry["max_error"] < 3e-2, entry
+
+
+@pytest.mark.parametrize("perturb", ["", "attn-paged"])
+def test_self_check_lengthens_one_key_decode_batches(vllm_config, self_checked, perturb):
+    """vLLM's warm-up decode batches give each sequence one key: attention is then a copy of its value in any
+    kernel, so the check runs both kernels with every sequence lengthened to as many keys as its block-table
+    row holds, on random keys and values in those blocks (put back after): a correct kernel passes with a
+    non-zero error, a wrong one is caught and the call returns vLLM's result; the call's own output is the
+    one-key answer."""
+    lens = [1] * 5
+    md, kv_cache, block_table = _decode_batch(vllm_config, lens, pages=6)
+    before = kv_cache.clone()
+    check = self_checked(perturb=perturb)
+    q = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV)
+    k, v = kv_cache.transpose(1, 2).split(D, dim=-1)
+    ref = paged_decode_reference(q, k, v, block_table, md.seq_lens, D ** -0.5)
+    out = torch.full_like(q, float("nan"))
+    _impl().forward(Scales(), q, None, None, kv_cache, md, out)
+    assert (out.float() - ref).abs().max() < 2e-2  # the one-key answer (vLLM's, when the check failed)
+    assert torch.equal(kv_cache, before)  # the lengthened sequences' blocks are restored
     entry = _check_entry("decode 5-8")
     if perturb:
         assert (entry["checked"], entry["failed"]) == (1, 1) and check.declined("decode 5-8"), entry

@@ -8,15 +8,18 @@ what ``TRITON_ATTN`` would have run. Every decision is counted (guard.py has the
 ``triton`` (the parent by design, ``prefill-handover``).
 
 Self-check (infera_vllm.self_check): the first eager call of each batch kind and token bucket (``decode 3-4``,
-``prefill 17-32``) also runs vLLM's implementation, the parent's forward, into a separate output and compares
-the rows the kernel wrote; a mismatch hands that bucket to the parent for the rest of the process
-(``self-check-mismatch``), the checked call included. vLLM's CPU build disables its Triton kernels, so there
-(validation only) the stand-in for the parent is the fp32 reference over the same cache views (reference.py).
-vLLM's warm-up batches (the eager runs before each CUDA-graph capture, where decode buckets are first seen)
-read a cache that holds no keys or values yet, so both outputs are zero and prove nothing: such a call is
-checked again with random keys and values written into the blocks its block table names (both kernels on
-the same filled blocks, vLLM's first), which are then restored, so the check sees the call's own shapes,
-lengths, block table and layer settings on data that can tell two kernels apart.
+``prefill 17-32``) also runs vLLM's implementation into a separate output and compares the rows the kernel
+wrote; a mismatch hands that bucket to the parent for the rest of the process (``self-check-mismatch``), the
+checked call included. vLLM's implementation is FlashAttention-3 where it runs the layer (FLASH_ATTN, what
+vLLM runs on Hopper; ahead-of-time compiled, so a check costs no JIT compile), else the parent's forward
+(TRITON_ATTN). vLLM's CPU build disables its Triton kernels, so there (validation only) the stand-in is the
+fp32 reference over the same cache views (reference.py). vLLM's warm-up batches (the eager runs before each
+CUDA-graph capture, where decode buckets are first seen) give each sequence one key, which makes attention a
+copy of that key's value in any kernel, or read a cache that holds no keys or values yet, so both outputs
+are zero: neither proves anything. Such a call is checked with random keys and values written into the
+blocks its block table names (both kernels on the same filled blocks, vLLM's first), which are then
+restored, one-key decode sequences lengthened to CHECK_KEYS keys, so the check sees the call's own shapes,
+block table and layer settings on data that can tell two kernels apart.
 
 Registered in the ``CUSTOM`` slot (seam.py), selected with ``--attention-backend CUSTOM``. Imported only once
 the plugin's checks passed (it imports torch and vLLM).
@@ -27,6 +30,8 @@ as ``(num_blocks, Hkv, block_size, 2·D)`` (K and V packed along the last dim). 
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from vllm.v1.attention.backends.triton_attn import (
@@ -40,6 +45,7 @@ from infera_ops.attn_paged.spec import SPEC
 from infera_vllm import coverage, self_check
 
 OP_NAME = "attn-paged"
+CHECK_KEYS = 1024  # keys per sequence when the self-check lengthens a one-key decode batch (several slices)
 _count = coverage.CallCounts(OP_NAME, guard.HANDOVERS, guard.ROUTES)
 _check = self_check.Checker(OP_NAME, SPEC.self_check_bound)
 _FA3: list = []  # [flash_attn_varlen_func or None, reason or None], resolved once per process
@@ -128,6 +134,8 @@ class InferaAttentionImpl(TritonAttentionImpl):
             self._infera_prefill = guard.FA3
         else:
             self._infera_prefill = "triton" if route == "triton" else "kernel"
+        # the self-check's stand-in for vLLM: FA3 wherever it runs this layer, whatever the prefill route
+        self._infera_fa3_reference = guard.prefill_on_fa3("fa3", fa3_unavailable(), self.head_size)
         if self._infera_layer_decline is not None:
             _count(self._infera_layer_decline, None, "plan")
 
@@ -175,21 +183,28 @@ class InferaAttentionImpl(TritonAttentionImpl):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                    output_block_scale)
         rows = num_seqs if decode else tokens  # the rows the kernel writes
+        # a decode batch whose sequences hold one key each (vLLM's warm-up runs) makes attention a copy of the
+        # values in any kernel: checked on longer sequences instead (_on_filled_blocks)
+        one_key = checking and decode and attn_metadata.max_seq_len <= 1
         theirs = None
-        if checking:
+        if checking and not one_key:
             with _check.timed(bucket):
                 theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata,
                                             torch.empty_like(output), decode)
         self._kernel(query, kv_cache, attn_metadata, output, decode, splits, workspace)
         _check.perturb(output[:rows])
-        if theirs is not None:  # on a mismatch the call returns vLLM's result
-            ours_checked, theirs_checked = output[:rows], theirs[:rows]
-            if not bool(ours_checked.any()) and not bool(theirs_checked.any()):  # an empty cache: zeros
+        if checking:  # on a mismatch the call returns vLLM's result
+            if one_key or (not bool(output[:rows].any()) and not bool(theirs[:rows].any())):  # or an empty cache
                 ours_checked, theirs_checked = self._on_filled_blocks(layer, query, key, value, kv_cache,
                                                                       attn_metadata, output, decode, splits,
-                                                                      workspace, rows, bucket)
+                                                                      workspace, rows, bucket, one_key)
+            else:
+                ours_checked, theirs_checked = output[:rows], theirs[:rows]
             agreed = _check.judge(bucket, ours_checked, theirs_checked, tuple(query[:rows].shape))
             if not agreed:
+                if theirs is None:
+                    theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata,
+                                                torch.empty_like(output), decode)
                 output[:rows].copy_(theirs[:rows])
             _count(None if agreed else self_check.MISMATCH, tokens, "call")
         return output
@@ -209,11 +224,18 @@ class InferaAttentionImpl(TritonAttentionImpl):
                               softcap=self._infera_softcap)
 
     def _on_filled_blocks(self, layer, query, key, value, kv_cache, md, output, decode: bool, splits: int,
-                          workspace, rows: int, bucket: str):
+                          workspace, rows: int, bucket: str, lengthen: bool = False):
         """(ours, vLLM's) outputs of this call with the blocks its block table names filled with random keys
-        and values (N(0, 1)), vLLM's implementation first; the blocks are restored after."""
+        and values (N(0, 1)), vLLM's implementation first; the blocks are restored after. ``lengthen`` (a
+        decode batch): every sequence also takes CHECK_KEYS keys, or as many as its block-table row holds
+        if fewer, so that a check of one-key sequences compares a softmax, not a copy."""
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
-        blocks = torch.unique(md.block_table[:md.seq_lens.shape[0]].long())
+        if lengthen:
+            md = copy.copy(md)
+            keys = min(CHECK_KEYS, md.block_table.shape[1] * key_cache.shape[1])
+            md.seq_lens, md.max_seq_len = torch.full_like(md.seq_lens, keys), keys
+        pages = -(-md.max_seq_len // key_cache.shape[1])
+        blocks = torch.unique(md.block_table[:md.seq_lens.shape[0], :pages].long())
         blocks = blocks[(blocks >= 0) & (blocks < key_cache.shape[0])]
         saved = key_cache[blocks].clone(), value_cache[blocks].clone()
         gen = torch.Generator(device=key_cache.device).manual_seed(0)
@@ -231,9 +253,12 @@ class InferaAttentionImpl(TritonAttentionImpl):
         return ours[:rows], theirs[:rows]
 
     def _vllm_forward(self, layer, query, key, value, kv_cache, md, output, decode: bool):
-        """vLLM's implementation of this call, into ``output``: the parent's forward (TRITON_ATTN's kernel);
-        where vLLM's Triton kernels do not run (its CPU build) the fp32 reference over the same views, in the
-        output's dtype."""
+        """vLLM's implementation of this call, into ``output``: FlashAttention-3 where it runs this layer
+        (FLASH_ATTN, vLLM's choice on Hopper, compiled ahead of time: a check costs no JIT compile), else the
+        parent's forward (TRITON_ATTN's kernel); where vLLM's Triton kernels do not run (its CPU build) the
+        fp32 reference over the same views, in the output's dtype."""
+        if self._infera_fa3_reference and kv_views(kv_cache, self.head_size)[0].shape[1] % 16 == 0:
+            return self._fa3_forward(query, kv_cache, md, output)
         if vllm_triton_runs():
             return super().forward(layer, query, key, value, kv_cache, md, output)
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
