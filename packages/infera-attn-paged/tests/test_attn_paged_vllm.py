@@ -325,6 +325,7 @@ def test_self_check_lengthens_one_key_decode_batches(vllm_config, self_checked, 
     one-key answer."""
     lens = [1] * 5
     md, kv_cache, block_table = _decode_batch(vllm_config, lens, pages=6)
+    md.max_seq_len = 6 * PAGE  # as vLLM 0.26's warm-up metadata states it: the lengths tensor is what counts
     before = kv_cache.clone()
     check = self_checked(perturb=perturb)
     q = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV)

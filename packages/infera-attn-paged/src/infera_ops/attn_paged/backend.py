@@ -184,8 +184,9 @@ class InferaAttentionImpl(TritonAttentionImpl):
                                    output_block_scale)
         rows = num_seqs if decode else tokens  # the rows the kernel writes
         # a decode batch whose sequences hold one key each (vLLM's warm-up runs) makes attention a copy of the
-        # values in any kernel: checked on longer sequences instead (_on_filled_blocks)
-        one_key = checking and decode and attn_metadata.max_seq_len <= 1
+        # values in any kernel: checked on longer sequences instead (_on_filled_blocks). From the lengths
+        # themselves (a sync, on a checked call only): vLLM's warm-up metadata may state a larger maximum
+        one_key = checking and decode and int(seq_lens.max()) <= 1
         theirs = None
         if checking and not one_key:
             with _check.timed(bucket):
