@@ -186,7 +186,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         # a decode batch whose sequences hold one key each (vLLM's warm-up runs) makes attention a copy of the
         # values in any kernel: checked on longer sequences instead (_on_filled_blocks). From the lengths
         # themselves (a sync, on a checked call only): vLLM's warm-up metadata may state a larger maximum
-        one_key = checking and decode and int(seq_lens.max()) <= 1
+        one_key = checking and decode and num_seqs > 0 and int(seq_lens.max()) <= 1
         theirs = None
         if checking and not one_key:
             with _check.timed(bucket):
