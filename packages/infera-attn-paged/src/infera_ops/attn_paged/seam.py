@@ -3,7 +3,7 @@
 Nothing changes until the user selects it (``--attention-backend CUSTOM``): vLLM's automatic choice on CUDA
 (FLASH_ATTN first on sm90) is left alone. Not registered under a name of its own on 0.32, although
 ``register_backend("NAME", ...)`` exists there: such a member pickles by value and fails to unpickle in
-spawned workers before they load plugins (../shared/notes/vllm-seams.md §2.2); ``CUSTOM`` does not.
+spawned workers before they load plugins (docs/vllm-seams.md, Attention); ``CUSTOM`` does not.
 
 ``INFERA_ATTN_PAGED_DEFAULT=1`` makes it the platform's automatic choice (backend.make_platform_default):
 where no backend was selected and it validates for the layer. No GPU family is validated for that by
