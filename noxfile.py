@@ -188,7 +188,7 @@ def wheels(session: nox.Session) -> None:
     session.install("pip")
     shutil.rmtree("dist", ignore_errors=True)
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", META, *OP_PACKAGES)
-    # the commit the wheels were built from, which results measured with them record (benchmarks/gpu/_env.sh)
+    # the commit the wheels were built from, which results measured with them record (benchmarks/gpu/run.py)
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True).stdout.strip()

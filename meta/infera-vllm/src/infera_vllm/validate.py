@@ -429,7 +429,7 @@ def identity() -> dict:
     """What the measurement ran: the commit (INFERA_COMMIT, else the working directory's git HEAD with
     ``+dirty`` for uncommitted changes) and the versions of vLLM, torch, Triton and the infera wheels."""
     commit = os.environ.get("INFERA_COMMIT")
-    if commit == "unknown":  # benchmarks/gpu/_env.sh without dist/COMMIT
+    if commit == "unknown":  # benchmarks/gpu/run.py without dist/COMMIT
         commit = None
     elif not commit:
         try:

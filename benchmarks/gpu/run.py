@@ -1,0 +1,468 @@
+"""The GPU machine's runner: one command per step, each sized for one 10-minute device call.
+
+On the GPU machine, after ../shared/gpu/README.md's staging (vLLM 0.26.0 in /tmp/site; with SmolLM2 for the
+steps that use it) and with ``dist/`` carried (wheels and ``dist/COMMIT``, built by ``nox -s wheels``)::
+
+    python3 benchmarks/gpu/run.py STEP [options]      # python3 benchmarks/gpu/run.py --help lists the steps
+
+Every step first installs this checkout's wheels over the staged vLLM (``/tmp/site``) and sets the
+environment its commands share: ``PYTHONPATH=/tmp/site``, FlashInfer's sampler off (not staged),
+``INFERA_COMMIT`` from ``dist/COMMIT`` (the commit results record). Results go to ``$OUT`` (the device
+tool's folder; ``--out`` elsewhere). A tuning step leaves its file in /tmp, where later steps on the same
+machine pick it up (``/tmp/attn_paged_tuning.json``, ``/tmp/sm90.json`` for moe-decode,
+``/tmp/sm90_linear.json``). Each command's whole output goes to a log in ``$OUT``; the console shows it
+without vLLM's INFO/WARNING lines. The exit status is non-zero when any command of the step failed or ran
+past its time limit, so a failed command is never hidden behind a later success.
+
+``--dry-run`` prints the commands without running them (no GPU needed; the CPU tests use it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = Path("/tmp/site")
+SMOLLM2 = "/tmp/models/smollm2-135m"
+ATTN_TUNING = "/tmp/attn_paged_tuning.json"
+MOE_TUNING = "/tmp/sm90.json"
+LINEAR_TUNING = "/tmp/sm90_linear.json"
+VLLM_NOISE = r"^(\(.*\) )?(INFO|WARNING|DEBUG)|Capturing|it/s\]|s/it\]|socket\.cpp"
+
+
+class Runner:
+    """Runs a step's commands: each with a time limit, its output teed to a log in ``out``, failures kept."""
+
+    def __init__(self, out: Path, dry_run: bool):
+        self.out, self.dry_run, self.failed = out, dry_run, []
+        self.env = dict(os.environ)
+
+    def setup(self) -> None:
+        """The staged vLLM and this checkout's wheels on the path, the shared environment set."""
+        commit = (ROOT / "dist" / "COMMIT").read_text().strip() if (ROOT / "dist" / "COMMIT").exists() else "unknown"
+        self.env.update(PYTHONPATH=str(SITE), VLLM_USE_FLASHINFER_SAMPLER="0", PYTHONUNBUFFERED="1",
+                        INFERA_COMMIT=self.env.get("INFERA_COMMIT", commit))
+        if self.dry_run:
+            return
+        if not (SITE / "vllm").is_dir():
+            sys.exit(f"run.py: no staged vLLM in {SITE} (run ../shared/gpu/README.md's staging on this machine first)")
+        wheels = sorted(str(p) for p in (ROOT / "dist").glob("*.whl"))
+        if not wheels:
+            sys.exit("run.py: no wheels in dist/ (build them with 'nox -s wheels' and carry dist)")
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                               "--no-cache-dir", "--upgrade", "--target", str(SITE), *wheels],
+                              capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"run.py: installing dist/*.whl failed:\n{done.stdout}{done.stderr}")
+
+    def use_tuning(self, variable: str, path: str) -> None:
+        """An earlier tuning step's file on this machine, if there is one, for the commands that follow."""
+        if Path(path).exists() or self.dry_run:
+            self.env.setdefault(variable, path)
+
+    def run(self, cmd: list[str], *, log: str | None = None, timeout: float | None = None, hide: str = VLLM_NOISE,
+            env: dict | None = None, tail: int | None = None, background: bool = False, header: str = ""):
+        """Run ``cmd`` from the checkout's root; its output to ``out/log`` (whole, after ``header``) and the
+        console (lines not matching ``hide``; the last ``tail`` of them if set). Recorded as failed on a
+        non-zero exit or a timeout. ``background``: returns the thread, joined by :meth:`wait`."""
+        shown = " ".join(shlex.quote(c) for c in cmd)
+        print(f"+ {shown}" + (f"  > {log}" if log else "") + (f"  (limit {timeout:.0f} s)" if timeout else ""),
+              flush=True)
+        if self.dry_run:
+            return None
+        if background:
+            thread = threading.Thread(target=self._run, args=(cmd, log, timeout, hide, env, tail, shown, header))
+            thread.start()
+            return thread
+        self._run(cmd, log, timeout, hide, env, tail, shown, header)
+        return None
+
+    def _run(self, cmd, log, timeout, hide, env, tail, shown, header) -> None:
+        pattern = re.compile(hide) if hide else None
+        kept: list[str] = []
+        sink = open(self.out / log, "w") if log else None
+        if sink and header:
+            sink.write(header + "\n")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **(env or {})}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        killed = []
+
+        def kill():
+            killed.append(True)
+            proc.kill()
+
+        timer = threading.Timer(timeout, kill) if timeout else None
+        if timer:
+            timer.start()
+        for line in proc.stdout:
+            if sink:
+                sink.write(line)
+            if pattern is None or not pattern.search(line):
+                if tail:
+                    kept = (kept + [line])[-tail:]
+                else:
+                    print(line, end="", flush=True)
+        rc = proc.wait()
+        if timer:
+            timer.cancel()
+        if sink:
+            sink.write(f"exit {rc}\n" if header else "")
+            sink.close()
+        print("".join(kept), end="", flush=True)
+        if rc:
+            self.failed.append(f"{shown}{f' (log {log})' if log else ''}: "
+                               + (f"past its {timeout:.0f} s limit" if killed else f"exit {rc}"))
+
+    def wait(self, *threads) -> None:
+        for t in threads:
+            if t is not None:
+                t.join()
+
+    def pytest(self, target: list[str], report: str, *, timeout: float, select: str | None = None,
+               marker: str | None = None, tail: int = 25) -> None:
+        """pytest on ``target`` with its summary (the last ``tail`` lines, the commit first) in ``out/report``."""
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *target]
+        cmd += ["-k", select] if select else []
+        cmd += ["-m", marker] if marker else []
+        log = report + ".log"
+        self.run(cmd, log=log, timeout=timeout, tail=3)
+        if not self.dry_run:
+            lines = (self.out / log).read_text().splitlines()[-tail:]
+            (self.out / report).write_text(f"commit {self.env['INFERA_COMMIT']}  {' '.join(target)}  "
+                                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+                                           + "\n".join(lines) + "\n")
+            (self.out / log).unlink()
+
+
+def py(script: str, *args) -> list[str]:
+    return [sys.executable, script, *[str(a) for a in args]]
+
+
+def vllm_cli(*args) -> list[str]:
+    return [sys.executable, "-m", "infera_vllm", *[str(a) for a in args]]
+
+
+# ---- the steps --------------------------------------------------------------------------------------------
+
+def step_tests(r: Runner, a) -> None:
+    """Every package's tests that can run on a GPU (all but those marked cpu_build), one pytest per package,
+    the meta package beside the op packages (it mostly starts CPU-side processes); each summary in
+    pytest_<package>.txt. The compile tests compile for this GPU's family with its Triton."""
+    r.env.update(INFERA_GPU_FAMILY="sm90", INFERA_AOT_FAMILY="sm90")
+    r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)  # the tests run what serves
+    deadline = time.monotonic() + a.budget_s
+    dirs = [d for d in sorted((ROOT / "packages").glob("infera-*")) if (d / "pyproject.toml").exists()]
+    dirs = [ROOT / "meta" / "infera-vllm"] + dirs
+    if a.packages:
+        dirs = [d for d in dirs if d.name in a.packages]
+    meta = None
+    for d in dirs:
+        left = max(10.0, deadline - time.monotonic())
+        cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", "-m", "not cpu_build",
+               str(d.relative_to(ROOT) / "tests")]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        header = f"commit {r.env['INFERA_COMMIT']}  package {d.name}  {now}"
+        thread = r.run(cmd, log=f"pytest_{d.name}.txt", timeout=left, tail=1, background=d.name == "infera-vllm",
+                       header=header)
+        meta = thread if d.name == "infera-vllm" else meta
+    r.wait(meta)
+
+
+def step_attn(r: Runner, a) -> None:
+    """infera-attn-paged: tune the decode and prefill launches for this GPU (the file to attn_paged_sm90.json
+    and /tmp), the decode and prefill tables against vLLM's FA3 and Triton with that tuning, and with
+    --tests the package's GPU tests."""
+    if a.tune:
+        r.run(py("benchmarks/tune_attn_paged.py", "--budget-s", a.tune_budget_s, "--prefill-budget-s",
+                 a.prefill_budget_s, *shlex.split(a.tune_args)), log="tune_attn_paged.log",
+              timeout=a.tune_timeout, env={"BENCH_OUT": str(r.out)})
+        r.run(["cp", str(r.out / "attn_paged_sm90.json"), ATTN_TUNING])
+    r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
+    if a.bench:
+        r.run(py("benchmarks/bench_attn_paged.py"), log="bench_attn_paged.log", timeout=a.bench_timeout,
+              env={"BENCH_OUT": str(r.out), **({"BENCH_SWEEP": "1"} if a.sweep else {})})
+    if a.tests:
+        a.packages, a.budget_s = ["infera-attn-paged"], a.tests_budget_s
+        step_tests(r, a)
+
+
+def step_attn_e2e(r: Runner, a) -> None:
+    """FLASH_ATTN vs CUSTOM end to end (benchmarks/e2e_attn_paged.py, dummy-weight models, alternating
+    rounds); --smollm2 adds SmolLM2's real-weight agreement run."""
+    r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
+    r.run(py("benchmarks/e2e_attn_paged.py", "--preset", "h200", "--rounds", a.rounds,
+             *(["--models", a.models] if a.models else []), "--out", r.out), log="e2e_attn_paged.log",
+          timeout=a.timeout)
+    if a.smollm2:
+        r.run(py("benchmarks/e2e_smollm2.py", "--preset", "h200-attn", "--rounds", 1, "--model", SMOLLM2, "--out",
+                 r.out, "--work", "/tmp/e2e-work"), log="e2e_smollm2.log")
+
+
+def step_moe(r: Runner, a) -> None:
+    """infera-moe-decode: with --tune the tuning sweep (the file to sm90.json and /tmp), with --tests the
+    kernel tests at GPU sizes, then the kernels against vLLM's fused_experts with that tuning."""
+    if a.tune:
+        r.run(py("benchmarks/tune_moe_decode.py", "--out", r.out, *shlex.split(a.tune_args)),
+              log="tune_moe_decode.log", timeout=a.tune_timeout)
+        r.run(["cp", str(r.out / "sm90.json"), MOE_TUNING])
+    r.use_tuning("INFERA_MOE_DECODE_TUNING", MOE_TUNING)
+    if a.tests:
+        r.pytest(["packages/infera-moe-decode/tests"], "pytest_moe_decode_sm90.txt", timeout=a.tests_timeout,
+                 select=a.tests_k)
+    if a.bench:
+        r.run(py("benchmarks/bench_moe_decode.py", "--out", r.out), log="bench_moe_decode.log",
+              timeout=a.bench_timeout)
+
+
+def step_moe_e2e(r: Runner, a) -> None:
+    """Qwen3-30B-A3B-shaped model, plugin on and off in alternating rounds (benchmarks/e2e_moe_decode.py)."""
+    r.use_tuning("INFERA_MOE_DECODE_TUNING", a.tuning)
+    r.run(py("benchmarks/e2e_moe_decode.py", "--preset", "h200", "--rounds", a.rounds, "--out", r.out),
+          log="e2e_moe_decode.log", timeout=a.timeout, tail=40)
+
+
+def step_norm(r: Runner, a) -> None:
+    """infera-norm's tests, then its kernels against vllm_c and compiled native (benchmarks/bench_norm.py);
+    --tune runs the launch sweep (benchmarks/tune_norm.py) instead of the benchmark."""
+    r.pytest(["packages/infera-norm/tests"], "pytest_norm_sm90.txt", timeout=a.tests_timeout)
+    script = "benchmarks/tune_norm.py" if a.tune else "benchmarks/bench_norm.py"
+    r.run(py(script), log=Path(script).stem + ".log", env={"BENCH_OUT": str(r.out)})
+
+
+def step_norm_numerics(r: Runner, a) -> None:
+    """Bit-level numerics of every norm provider, and SmolLM2 end to end with each."""
+    r.pytest(["packages/infera-norm/tests/test_norm_seam.py"], "pytest_norm_symbolic_sm90.txt", timeout=120,
+             select="symbolic")
+    r.run(py("benchmarks/norm_numerics.py"), log="norm_numerics.log", env={"BENCH_OUT": str(r.out)})
+    r.run(py("benchmarks/e2e_smollm2.py", "--preset", "h200-norm-numerics", "--model", a.model, "--out", r.out,
+             "--work", "/tmp/e2e-num"), log="e2e_numerics.log")
+
+
+def step_norm_e2e(r: Runner, a) -> None:
+    """SmolLM2 with infera-norm first in the IR priority and plugin off, alternating rounds, and the report
+    of the first plugin-on run."""
+    r.run(py("benchmarks/e2e_smollm2.py", "--preset", "h200-norm", "--rounds", a.rounds, "--model", a.model,
+             "--out", r.out, "--work", "/tmp/e2e-work"), log="e2e.log")
+    first_on = sorted(Path("/tmp/e2e-work").glob("report-on-norm*"))
+    if first_on or r.dry_run:
+        where = str(first_on[0]) if first_on else "/tmp/e2e-work/report-on-norm"
+        r.run(vllm_cli("report", where), log="report-on-norm.txt")
+        r.run(vllm_cli("report", where, "--json"), log="report-on-norm.json", hide=".")
+
+
+def step_linear(r: Runner, a) -> None:
+    """infera-linear-hipblaslt: its kernel tests and benchmarks/bench_linear.py; --tune the table for a
+    Llama-3-8B-shaped model (to sm90.json and /tmp); --e2e the parallel e2e preset with that table."""
+    if a.bench:
+        r.pytest(["packages/infera-linear-hipblaslt/tests"], "pytest_linear_sm90.txt", timeout=60, select="kernels",
+                 tail=5)
+        r.run(py("benchmarks/bench_linear.py", *(["--tokens", a.tokens] if a.tokens else [])), log="bench_linear.log",
+              timeout=a.bench_timeout, env={"BENCH_OUT": str(r.out)})
+    if a.tune:
+        model = write_config("llama-3-8b", "/tmp/llama-3-8b")
+        r.run(vllm_cli("tune", "linear", "--model", model, "--out", LINEAR_TUNING), log="tune_linear.log",
+              timeout=a.tune_timeout)
+        r.run(["cp", LINEAR_TUNING, str(r.out / "sm90.json")])
+    if a.e2e:
+        r.use_tuning("INFERA_LINEAR_TUNING", LINEAR_TUNING)
+        r.run(py("benchmarks/e2e_parallel.py", "--preset", "h200-linear", "--out", r.out), log="e2e_linear.log",
+              timeout=a.e2e_timeout, tail=40)
+
+
+def step_foundation(r: Runner, a) -> None:
+    """doctor (plain, --json, --model), SmolLM2 end to end with the plugin on and off, and the merged report."""
+    r.run(vllm_cli("doctor"), log="doctor.txt")
+    r.failed = [f for f in r.failed if "doctor" not in f]  # doctor exits 1 where an op declines: recorded, not failed
+    r.run(vllm_cli("doctor", "--json"), log="doctor.json", hide=".")
+    r.run(vllm_cli("doctor", "--model", a.model), log="doctor-model.txt")
+    r.failed = [f for f in r.failed if "doctor" not in f]
+    r.run(py("benchmarks/e2e_smollm2.py", "--preset", a.preset, "--model", a.model, "--out", r.out, "--work",
+             "/tmp/e2e-work"), log="run.log")
+    r.run(vllm_cli("report", "/tmp/e2e-work/report-on"), log="report-on.txt")
+    r.run(vllm_cli("report", "/tmp/e2e-work/report-on", "--json"), log="report-on.json", hide=".")
+
+
+def step_self_check(r: Runner, a) -> None:
+    """The self-check's cost and outcome at startup (docs/self-check.md): `infera-vllm validate
+    --self-check-cost` on SmolLM2 (real weights; norm and attn-paged) and on a Qwen3-30B-A3B-shaped
+    dummy-weight model cut to --moe-layers layers (norm, attn-paged, moe-decode: the expert dims are the full
+    model's, so moe-decode serves its tuned shape). Each runs off, every-op (check on), every-op-nocheck,
+    then the rest as its budget allows; a budget of 0 skips that model."""
+    r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
+    common = ["--self-check-cost", "--rounds", 1, "--batches", "1,16", "--work", "/tmp/self_check_work"]
+    if a.smollm2_budget_s:
+        r.run(vllm_cli("validate", SMOLLM2, *common, "--ops", "norm,attn-paged", "--budget-s", a.smollm2_budget_s,
+                       "--out", r.out / "validate_smollm2.json"), log="validate_smollm2.txt", tail=60)
+    if a.moe_budget_s:
+        model = write_config("qwen3-30b-a3b", "/tmp/qwen3-moe-cut", num_hidden_layers=a.moe_layers,
+                             dry_run=r.dry_run)
+        r.run(vllm_cli("validate", "--dummy", model, *common, "--ops", "norm,attn-paged,moe-decode", "--budget-s",
+                       a.moe_budget_s, "--out", r.out / "validate_qwen3_moe_cut.json"),
+              log="validate_qwen3_moe_cut.txt", tail=60)
+
+
+def step_validate(r: Runner, a) -> None:
+    """`infera-vllm validate --matrix benchmarks/validation/matrix.json` for the named models (results
+    accumulate model by model in --results across calls; a model measured at this commit is not rerun)."""
+    for variable, path in (("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING), ("INFERA_MOE_DECODE_TUNING", MOE_TUNING)):
+        r.use_tuning(variable, path)
+    r.run(vllm_cli("validate", "--matrix", "benchmarks/validation/matrix.json", "--models", a.models, "--out",
+                   a.results, "--budget-s", a.budget_s, *shlex.split(a.validate_args)), log="validate.txt", tail=80)
+    r.run(["cp", a.results, str(r.out / Path(a.results).name)])
+
+
+def step_parallel(r: Runner, a) -> None:
+    """Two GPUs: doctor on each (the same output expected), then benchmarks/e2e_parallel.py's preset."""
+    model = write_config("qwen3-30b-a3b", "/tmp/doctor-model", dry_run=r.dry_run)
+    for gpu in (0, 1):
+        r.run(vllm_cli("doctor", "--model", model), log=f"doctor_gpu{gpu}.txt", timeout=120,
+              env={"CUDA_VISIBLE_DEVICES": str(gpu)}, tail=1)
+    r.failed = [f for f in r.failed if "doctor" not in f]
+    r.run(py("benchmarks/e2e_parallel.py", "--preset", a.preset, *(["--models", a.models] if a.models else []),
+             "--out", r.out), log="e2e_parallel.log", timeout=a.timeout, tail=60)
+
+
+def step_linear_norm_x2(r: Runner, a) -> None:
+    """Two GPUs at once: infera-linear's table tuned on GPU 0 while the norm Qwen3 e2e preset runs on GPU 1."""
+    (r.out / "norm-qwen3").mkdir(exist_ok=True)
+    job = r.run(py("benchmarks/e2e_parallel.py", "--preset", "h200-norm-qwen3", "--out", r.out / "norm-qwen3"),
+                log="norm-qwen3/e2e.log", timeout=540, env={"CUDA_VISIBLE_DEVICES": "1"}, tail=20, background=True)
+    model = write_config("llama-3-8b", "/tmp/llama-3-8b", dry_run=r.dry_run)
+    r.run(vllm_cli("tune", "linear", "--model", model, "--out", LINEAR_TUNING), log="tune_linear.log", timeout=500,
+          env={"CUDA_VISIBLE_DEVICES": "0"})
+    r.run(["cp", LINEAR_TUNING, str(r.out / "sm90.json")])
+    r.wait(job)
+
+
+def step_aot_check(r: Runner, a) -> None:
+    """Load on this GPU the kernels compiled ahead of time on the CPU machine (benchmarks/gpu/h200_aot_check.py)
+    and compare their resources with what this machine's Triton compiles."""
+    r.run(py("benchmarks/gpu/h200_aot_check.py", *shlex.split(a.aot_args)), log="aot_check.log")
+
+
+def write_config(name: str, directory: str, dry_run: bool = False, **overrides) -> str:
+    """A config-only model directory for vLLM's dummy weights: benchmarks/validation/matrix.json's config of
+    ``name`` with ``overrides``; its path."""
+    if not dry_run:
+        matrix = json.loads((ROOT / "benchmarks" / "validation" / "matrix.json").read_text())
+        config = next(m["config"] for m in matrix["models"] if m["name"] == name)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "config.json").write_text(json.dumps({**config, **overrides}))
+    return directory
+
+
+STEPS = {
+    "tests": step_tests, "attn": step_attn, "attn-e2e": step_attn_e2e, "moe": step_moe, "moe-e2e": step_moe_e2e,
+    "norm": step_norm, "norm-numerics": step_norm_numerics, "norm-e2e": step_norm_e2e, "linear": step_linear,
+    "foundation": step_foundation, "self-check": step_self_check, "validate": step_validate,
+    "parallel": step_parallel, "linear-norm-x2": step_linear_norm_x2, "aot-check": step_aot_check,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="results folder (default: $OUT)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    sub = p.add_subparsers(dest="step", required=True, metavar="STEP")
+
+    def step(name):
+        doc = " ".join((STEPS[name].__doc__ or "").split())
+        return sub.add_parser(name, help=doc.split(": ")[0].split(". ")[0], description=doc)
+
+    def switch(s, name, default, help):
+        s.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=help)
+
+    s = step("tests")
+    s.add_argument("--packages", nargs="*", help="only these (infera-vllm is the meta package)")
+    s.add_argument("--budget-s", type=float, default=560, help="for all packages together")
+    s = step("attn")
+    switch(s, "tune", True, "tune first (else the packaged or an earlier tuning)")
+    s.add_argument("--tune-args", default="", help="more tune_attn_paged.py arguments, e.g. '--passes 3,5'")
+    s.add_argument("--tune-budget-s", type=float, default=180)
+    s.add_argument("--prefill-budget-s", type=float, default=100)
+    s.add_argument("--tune-timeout", type=float, default=330, help="the tuner writes its file at the end")
+    switch(s, "bench", True, "the decode and prefill tables")
+    s.add_argument("--sweep", action="store_true", help="the benchmark's own per-row launch sweep")
+    s.add_argument("--bench-timeout", type=float, default=120)
+    switch(s, "tests", False, "the package's GPU tests afterwards")
+    s.add_argument("--tests-budget-s", type=float, default=170)
+    s = step("attn-e2e")
+    s.add_argument("--models", help="e.g. qwen3-8b (one model fits a call)")
+    s.add_argument("--rounds", type=int, default=2)
+    s.add_argument("--timeout", type=float, default=560)
+    s.add_argument("--smollm2", action="store_true", help="also SmolLM2's agreement run")
+    s = step("moe")
+    switch(s, "tune", False, "the tuning sweep first")
+    s.add_argument("--tune-args", default="", help="more tune_moe_decode.py arguments")
+    s.add_argument("--tune-timeout", type=float, default=540)
+    switch(s, "tests", False, "the kernel tests at GPU sizes")
+    s.add_argument("--tests-k", default="not vllm", help="pytest -k selection")
+    s.add_argument("--tests-timeout", type=float, default=300)
+    switch(s, "bench", True, "the kernels against vLLM's fused_experts")
+    s.add_argument("--bench-timeout", type=float, default=300)
+    s = step("moe-e2e")
+    s.add_argument("--rounds", type=int, default=2)
+    s.add_argument("--tuning", default=MOE_TUNING)
+    s.add_argument("--timeout", type=float, default=560)
+    s = step("norm")
+    s.add_argument("--tune", action="store_true", help="the launch sweep instead of the benchmark")
+    s.add_argument("--tests-timeout", type=float, default=300)
+    for name in ("norm-numerics", "norm-e2e", "foundation"):
+        s = step(name)
+        s.add_argument("--model", default=SMOLLM2)
+        if name == "norm-e2e":
+            s.add_argument("--rounds", type=int, default=2)
+        if name == "foundation":
+            s.add_argument("--preset", default="h200")
+    s = step("linear")
+    switch(s, "bench", True, "kernel tests and bench_linear.py")
+    s.add_argument("--tokens", help="bench_linear.py --tokens")
+    s.add_argument("--bench-timeout", type=float, default=240)
+    switch(s, "tune", False, "the table for a Llama-3-8B-shaped model")
+    s.add_argument("--tune-timeout", type=float, default=400)
+    switch(s, "e2e", False, "the h200-linear e2e preset")
+    s.add_argument("--e2e-timeout", type=float, default=560)
+    s = step("self-check")
+    s.add_argument("--smollm2-budget-s", type=float, default=260, help="0: skip SmolLM2")
+    s.add_argument("--moe-budget-s", type=float, default=260, help="0: skip the MoE model")
+    s.add_argument("--moe-layers", type=int, default=4)
+    s = step("validate")
+    s.add_argument("--models", required=True, help="matrix model names, comma-separated")
+    s.add_argument("--results", default="benchmarks/results/h200/validation/validation.json",
+                   help="the JSON that accumulates across calls (copied to $OUT after; copy it back before the next)")
+    s.add_argument("--budget-s", type=float, default=540)
+    s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments")
+    s = step("parallel")
+    s.add_argument("--preset", default="h200x2")
+    s.add_argument("--models")
+    s.add_argument("--timeout", type=float, default=540)
+    step("linear-norm-x2")
+    s = step("aot-check")
+    s.add_argument("aot_args", help="h200_aot_check.py's arguments, quoted: 'load CUBINS.pkl OUT.json'")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = Path(args.out)
+    if not args.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+    runner = Runner(out, args.dry_run)
+    runner.setup()
+    STEPS[args.step](runner, args)
+    for failure in runner.failed:
+        print(f"run.py {args.step}: FAILED {failure}", file=sys.stderr)
+    return 1 if runner.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""benchmarks/gpu/run.py, the GPU machine's runner, on the CPU: every step's commands (dry run), and the
+runner's own rules with real subprocesses: logs, time limits, failures kept, hidden lines."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+spec = importlib.util.spec_from_file_location("gpu_run", ROOT / "benchmarks" / "gpu" / "run.py")
+run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run)
+
+STEPS = {  # each step with the options the docs use, and a command it must print
+    "tests": ([], "-m 'not cpu_build' meta/infera-vllm/tests"),
+    "attn": (["--tests", "--tune-args=--passes 3,5"], "tune_attn_paged.py --budget-s 180 --prefill-budget-s 100"
+                                                      " --passes 3,5"),
+    "attn-e2e": (["--models", "qwen3-8b"], "e2e_attn_paged.py --preset h200 --rounds 2 --models qwen3-8b"),
+    "moe": (["--tune", "--tune-args=--forms split", "--tests"], "tune_moe_decode.py --out"),
+    "moe-e2e": ([], "e2e_moe_decode.py --preset h200 --rounds 2"),
+    "norm": (["--tune"], "tune_norm.py"),
+    "norm-numerics": ([], "norm_numerics.py"),
+    "norm-e2e": ([], "--preset h200-norm --rounds 2"),
+    "linear": (["--tune", "--e2e"], "tune linear --model /tmp/llama-3-8b"),
+    "foundation": ([], "e2e_smollm2.py --preset h200"),
+    "self-check": ([], "validate --dummy /tmp/qwen3-moe-cut --self-check-cost"),
+    "validate": (["--models", "qwen3-8b"], "validate --matrix benchmarks/validation/matrix.json --models qwen3-8b"),
+    "parallel": ([], "e2e_parallel.py --preset h200x2"),
+    "linear-norm-x2": ([], "--preset h200-norm-qwen3"),
+    "aot-check": (["load x.pkl y.json"], "h200_aot_check.py load x.pkl y.json"),
+}
+
+
+def test_every_step_is_covered():
+    assert set(STEPS) == set(run.STEPS)
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_dry_run_prints_the_steps_commands(step, capsys):
+    args, expect = STEPS[step]
+    assert run.main(["--dry-run", step, *args]) == 0
+    assert expect in capsys.readouterr().out
+
+
+def test_runner_logs_hides_fails_and_stops_at_the_limit(tmp_path, capsys):
+    r = run.Runner(tmp_path, dry_run=False)
+    r.env["INFERA_COMMIT"] = "abc"
+    r.run([sys.executable, "-c", "print('INFO noise'); print('kept')"], log="a.txt", header="commit abc")
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("+ ")]  # not the echo
+    assert out == ["kept"]  # vLLM's INFO lines stay out of the console
+    assert (tmp_path / "a.txt").read_text().splitlines() == ["commit abc", "INFO noise", "kept", "exit 0"]
+    assert r.failed == []
+    r.run([sys.executable, "-c", "raise SystemExit(3)"], log="b.txt")
+    r.run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    assert len(r.failed) == 2 and r.failed[0].endswith("exit 3") and r.failed[1].endswith("past its 1 s limit")
+    r.run([sys.executable, "-c", "print('\\n'.join(map(str, range(10))))"], tail=2)
+    assert capsys.readouterr().out.splitlines()[-2:] == ["8", "9"]
+
+
+def test_a_failed_command_fails_the_step_after_the_rest_ran(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run.Runner, "setup", lambda self: self.env.update(INFERA_COMMIT="abc"))
+    monkeypatch.setattr(run, "py", lambda script, *a: [sys.executable, "-c", "raise SystemExit(1)"]
+                        if "tune_attn_paged" in script else [sys.executable, "-c", "print('ran')"])
+    monkeypatch.setattr(run, "ATTN_TUNING", str(tmp_path / "t.json"))
+    (tmp_path / "attn_paged_sm90.json").write_text("{}")
+    assert run.main(["--out", str(tmp_path), "attn"]) == 1  # the tuner failed
+    captured = capsys.readouterr()
+    assert "ran" in captured.out  # the benchmark still ran
+    assert "FAILED" in captured.err and "tune_attn_paged.log" in captured.err
