@@ -2,8 +2,9 @@
 
 1. profile: vLLM's ``fused_experts`` (Triton) at M in TOKENS for every dims in bench_moe_decode.DIMS,
    CUDA-graph replays with a cold L2 (bench_moe_decode.Case);
-2. tune, per M and per form (split, persistent; fused up to FUSED_UP_TO tokens; ``--forms`` picks them):
-   coordinate descent over the launch parameters (SPLIT_SPACE, FUSED_SPACE, PERSISTENT_SPACE: each parameter
+2. tune, per M and per form (split, persistent; fused up to FUSED_UP_TO tokens, split_sum up to
+   SPLIT_SUM_UP_TO; ``--forms`` picks them): coordinate descent over the launch parameters (SPLIT_SPACE,
+   FUSED_SPACE, PERSISTENT_SPACE, SPLIT_SUM_SPACE: each parameter
    swept in turn with the others at their best so far,
    PASSES times; the sweep order puts the largest effects first), "best" =
    the highest geometric mean of the speedup over vLLM across the dims (one file serves every model: the
@@ -19,7 +20,7 @@
    again, so a lookup that disagrees with the sweep can never ship a slower launch; table + JSON (every
    candidate's time per dims and M too) under results/<gpu>/.
 
-    python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent]
+    python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent,split_sum]
                                          [--baseline tuning.json] [--out DIR]
 
 The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_DECODE_TUNING.
@@ -58,7 +59,12 @@ PERSISTENT_START = dict(form="persistent", block_i=32, block_h=128, block_n=64, 
 PERSISTENT_SPACE = {"programs_per_sm": (1, 2, 3, 4), "block_i": (16, 32, 64), "num_warps": (4, 8),
                     "num_stages": (3, 4), "block_n": (64, 128), "block_h": (128, 256), "block_k": (128, 256),
                     "pdl": (False, True)}
-FORMS = ("split", "fused", "persistent")
+SPLIT_SUM_UP_TO = 4  # the split_sum form is tried up to this M (tokens that share an expert each read it)
+SPLIT_SUM_START = dict(form="split_sum", block_i=64, block_h=128, block_n=16, block_k=128, num_warps=4,
+                       num_stages=4, min_programs=0, pdl=False)
+SPLIT_SUM_SPACE = {"block_n": (16, 32, 64), "block_k": (64, 128, 256), "pdl": (False, True),
+                   "block_i": (32, 64, 128), "num_stages": (3, 4, 5), "num_warps": (2, 4), "min_programs": (0, 264)}
+FORMS = ("split", "fused", "persistent", "split_sum")
 
 
 class Scorer:
@@ -123,8 +129,10 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         split = descend(cost, SPLIT_START, SPLIT_SPACE, PASSES) if "split" in forms else None
         fused = descend(cost, FUSED_START, FUSED_SPACE, PASSES) if "fused" in forms and M <= FUSED_UP_TO else None
         persistent = descend(cost, PERSISTENT_START, PERSISTENT_SPACE, PASSES) if "persistent" in forms else None
+        split_sum = (descend(cost, SPLIT_SUM_START, SPLIT_SUM_SPACE, PASSES)
+                     if "split_sum" in forms and M <= SPLIT_SUM_UP_TO else None)
         kept = base.config_for(M).as_dict() if base else None
-        candidates = list(filter(None, (fused, split, persistent, kept)))
+        candidates = list(filter(None, (fused, split, persistent, split_sum, kept)))
         best = max(candidates, key=lambda p: score(p)[0])
         gm, _ = score(best)
         by_tokens[str(M)] = best
@@ -135,7 +143,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
                 by_shape.setdefault(tuning.shape_key(*DIMS[case.dims]), {})[str(M)] = mine
             bests = {f"{name}_best_us": score(p)[1][i] if p else None
                      for name, p in (("split", split), ("fused", fused), ("persistent", persistent),
-                                     ("baseline", kept))}
+                                     ("split_sum", split_sum), ("baseline", kept))}
             rows.append({"dims": case.dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": mine,
                          **bests})
             print(f"M={M:<3} {case.dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("

@@ -4,9 +4,9 @@ of time, no GPU needed). Launches are not checked here.
 
 Launches: each entry of the family's packaged tuning file (sm90; ``by_tokens`` and ``by_shape``), else the
 family's defaults (``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on
-a family without a file); the persistent form and the split form with ``early_down`` at the defaults too
-where the file has no such entry. ``INFERA_AOT_FAMILY`` picks the families (the nox session of a family sets
-its own); unset: all of them.
+a family without a file); the persistent and split_sum forms and the split form with ``early_down`` at the
+defaults too where the file has no such entry. ``INFERA_AOT_FAMILY`` picks the families (the nox session of a
+family sets its own); unset: all of them.
 """
 
 import json
@@ -22,8 +22,10 @@ import triton  # noqa: E402
 
 from infera_ops.moe_decode import ops, tuning  # noqa: E402
 from infera_ops.moe_decode.kernels import (  # noqa: E402
+    FORMS,
     LaunchConfig,
     _moe_down_kernel,
+    _moe_down_sum_kernel,
     _moe_fused_kernel,
     _moe_gate_up_kernel,
     _moe_persistent_kernel,
@@ -50,14 +52,15 @@ def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
                                                                                    key=lambda kv: int(kv[0]))]
         launches += [(f"{shape} M<={bound}", LaunchConfig(**cfg)) for shape, entries in doc.get("by_shape", {}).items()
                      for bound, cfg in entries.items()]
-        if all(cfg.form != "persistent" for _, cfg in launches):
-            launches.append(("defaults persistent", tuning.default_config(family, "persistent")))
+        for form in ("persistent", "split_sum"):
+            if all(cfg.form != form for _, cfg in launches):
+                launches.append((f"defaults {form}", tuning.default_config(family, form)))
         if all(not cfg.early_down for _, cfg in launches):
             early = tuning.default_config(family, "split")
             early.early_down = True
             launches.append(("defaults early-down", early))
         return launches
-    return [(f"defaults {form}", tuning.default_config(family, form)) for form in ("split", "fused", "persistent")]
+    return [(f"defaults {form}", tuning.default_config(family, form)) for form in FORMS]
 
 
 # (family, case label) -> why a configuration the op launches spills; strict xfails: a fix turns them into failures
@@ -88,6 +91,15 @@ def compile_cases(family: str) -> list[aot.Case]:
                                       tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                                       BLOCK_K=cfg.block_k, USE_PDL=pdl)),
                                   known_misfit=KNOWN_MISFITS.get((family, f"persistent {label}"))))
+        elif cfg.form == "split_sum":
+            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch, dict(common, constexprs=dict(
+                tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=False,
+                PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=False))))
+            cases.append(aot.Case(_moe_down_sum_kernel, f"down-sum {label}", f"BLOCK_N={cfg.block_n} "
+                                  f"BLOCK_K={cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}",
+                                  dict(common, constexprs=dict(BLOCK_T=8, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                                               FP32_DOT=False, USE_PDL=pdl))))
+            continue  # the down kernel writes the sums: no row-sum launch
         else:
             prefetch = cfg.prefetch_down and pdl_family
             early = cfg.early_down and pdl_family

@@ -20,7 +20,9 @@ kernels = importlib.import_module("infera_ops.moe_decode.kernels")
 SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
 SMALL_FUSED = kernels.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
 SMALL_PERSISTENT = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
-FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT], ids=["split", "fused", "persistent"])
+SMALL_SPLIT_SUM = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16)
+FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM],
+                                ids=["split", "fused", "persistent", "split_sum"])
 
 
 def _routing(M, E, topk, gen):
@@ -188,7 +190,7 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("M", [1, 2, 16])
 @pytest.mark.parametrize("form, per_sm, early", [("split", 1, False), ("split", 1, True), ("fused", 1, False),
                                                  ("persistent", 1, False), ("persistent", 3, False),
-                                                 ("persistent", 64, False)])
+                                                 ("persistent", 64, False), ("split_sum", 1, False)])
 def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early):
     """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the split one
     also with the down kernel started early (PDL, prefetching W2 before it waits); the persistent one also

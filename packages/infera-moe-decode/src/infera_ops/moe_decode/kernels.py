@@ -19,7 +19,7 @@ An expert id below zero (an expert another rank holds under expert parallel, aft
 contributes nothing: the program at that position writes its own partial row as zeros (a token may have
 several such slots, so they are not grouped).
 
-Three forms, all deterministic (the result does not depend on which program finishes first):
+Four forms, all deterministic (the result does not depend on which program finishes first):
 
 - fused (``_moe_fused_kernel``, grid = positions x I-blocks): each program computes one I-block of ``a``
   (reading 2·BLOCK_I rows of W13) and at once its share of the down projection, ``r · W2[e][:, block] @ a``
@@ -33,6 +33,9 @@ Three forms, all deterministic (the result does not depend on which program fini
 - split (``_moe_gate_up_kernel`` writing ``a`` ``[MK, I]``, ``_moe_down_kernel`` writing
   ``r · W2[e] @ a`` per position ``[MK, H]`` fp32, ``_row_sum_kernel`` adding each token's TOPK rows): three
   launches, a small fp32 buffer; the better one once many tokens make the partials large.
+- split_sum (the split form's gate/up kernel, then ``_moe_down_sum_kernel``: one program per token and
+  column block walks the token's TOPK experts and writes ``out`` itself): two launches, no fp32 rows; each
+  token reads its experts' W2 rows itself (no grouping in the down pass), so it suits one or a few tokens.
 
 In the split form each kernel has a fixed cost (its first loads, its last programs finishing alone) of
 several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
@@ -268,6 +271,63 @@ def _moe_down_kernel(
 
 
 @triton.jit
+def _moe_down_sum_kernel(
+    act_ptr,  # [MK, I] from the gate/up kernel
+    act_row_stride,
+    w2_ptr,  # [E, H, I], unit stride along I
+    w2_expert_stride,
+    w2_row_stride,
+    topk_ids_ptr,  # [MK] flat, position m·TOPK + k (an id below zero: an expert held elsewhere)
+    topk_weights_ptr,  # [MK] router weights (any float dtype, read as fp32)
+    out_ptr,  # [M, H] out, in the output dtype
+    out_row_stride,
+    H,
+    I,
+    TOPK,
+    BLOCK_T: tl.constexpr,  # >= TOPK, a power of two: the token's expert ids and weights held in registers
+    BLOCK_N: tl.constexpr,  # output columns (of H) per program, >= 16
+    BLOCK_K: tl.constexpr,  # reduction chunk along I
+    FP32_DOT: tl.constexpr,
+    USE_PDL: tl.constexpr,  # a programmatic dependent of the gate/up kernel: wait for its activations
+):
+    """out[m, cols] = sum_k r_mk · (W2[e_mk][cols, :] @ a_mk) for one token m (program_id 0) and BLOCK_N
+    output columns (program_id 1): the split form's down projection with the top-k sum inside, so there are
+    no fp32 partial rows and no row-sum launch. The token's TOPK weight slices are walked as one loop of
+    TOPK x ceil(I / BLOCK_K) tiles (expert and chunk from the loop index, the ids from registers), so the
+    load pipeline runs across experts without refilling; each slot's product is accumulated in fp32 and
+    added, times its router weight, at the slot's last chunk (the same sums as the split form's rows). The
+    token is row 0 of a 16-row tile (tl.dot's smallest M; the other rows are zeros). Tokens that share an
+    expert each read its weights: the form for a few tokens over many experts."""
+    m = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < H
+    slot = tl.arange(0, BLOCK_T)
+    ids = tl.load(topk_ids_ptr + m * TOPK + slot, mask=slot < TOPK, other=-1).to(tl.int64)
+    rw = tl.load(topk_weights_ptr + m * TOPK + slot, mask=slot < TOPK, other=0.0).to(tl.float32)
+    if USE_PDL:
+        gdc_wait()
+    rows = tl.arange(0, 16)
+    chunks = tl.cdiv(I, BLOCK_K)
+    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    total = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    for t in range(0, TOPK * chunks):
+        k_slot = t // chunks
+        chunk = t - k_slot * chunks
+        e = tl.sum(tl.where(slot == k_slot, ids, 0), axis=0)
+        k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < tl.where(e >= 0, I, 0)  # an expert held elsewhere: nothing loaded, nothing added
+        a = tl.load(act_ptr + (m * TOPK + k_slot) * act_row_stride + rows[:, None] * 0 + k[None, :],
+                    mask=(rows == 0)[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w2_ptr + tl.maximum(e, 0) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
+                    + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = _dot(a, w, acc, FP32_DOT)
+        if chunk == chunks - 1:
+            total += acc * tl.sum(tl.where(slot == k_slot, rw, 0.0), axis=0)
+            acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    tl.store(out_ptr + m * out_row_stride + cols, tl.sum(total, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def _down_block(act_ptr, act_row_stride, w2_ptr, w2_row_stride, topk_weights_ptr, y_ptr, pos, mine, cols, col_ok,
                 H, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
                 ACT_FROM_L2: tl.constexpr):
@@ -428,15 +488,15 @@ def _row_sum_kernel(
     tl.store(out_ptr + m * out_row_stride + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-FORMS = ("split", "fused", "persistent")
+FORMS = ("split", "fused", "persistent", "split_sum")
 
 
 class LaunchConfig:
     """Form, block sizes and pipelining (defaults; the per-GPU-family tuning file overrides them, see
-    tuning.py). ``form`` (module docstring): ``split`` or ``persistent`` (``block_i``/``block_h`` gate/up,
-    ``block_n``/``block_k`` down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``). ``num_warps`` and
-    ``num_stages`` apply
-    to the weight-streaming kernels: at decode the depth of the load pipeline matters more than the arithmetic layout.
+    tuning.py). ``form`` (module docstring): ``split``, ``split_sum`` or ``persistent`` (``block_i``/``block_h``
+    gate/up, ``block_n``/``block_k`` down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``).
+    ``num_warps`` and ``num_stages`` apply to the weight-streaming kernels: at decode the depth of the load
+    pipeline matters more than the arithmetic layout.
     ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
     give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``
     as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.

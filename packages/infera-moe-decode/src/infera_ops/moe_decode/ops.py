@@ -1,5 +1,6 @@
 """Launcher of the decode experts kernels (kernels.py) in the form the config names: split (gate/up, down,
-row sum), fused (one weight pass, row sum) or persistent (both projections in one launch, row sum).
+row sum), split_sum (gate/up, down with the top-k sum inside), fused (one weight pass, row sum) or persistent
+(both projections in one launch, row sum).
 
 Capture-safe: no host synchronisation, buffers allocated on the current stream (vLLM's graph pool when
 captured), grid sizes from shapes only.
@@ -14,6 +15,7 @@ import triton
 from infera_ops.moe_decode.kernels import (
     LaunchConfig,
     _moe_down_kernel,
+    _moe_down_sum_kernel,
     _moe_fused_kernel,
     _moe_gate_up_kernel,
     _moe_persistent_kernel,
@@ -120,6 +122,18 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot, USE_PDL=use_pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         per_token = topk
+    elif cfg.form == "split_sum":
+        act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
+        _moe_gate_up_kernel[(mk, triton.cdiv(inter, blk_i))](
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
+            mk, H, inter, topk, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
+            PREFETCH_DOWN=False, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, EARLY_DOWN=False,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _moe_down_sum_kernel[(M, triton.cdiv(H, cfg.block_n))](
+            act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), H, inter, topk,
+            BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
+            USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
+        return out  # the down kernel wrote the sums: no row-sum launch
     else:
         act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
         prefetch = cfg.prefetch_down and x.device.type == "cuda" and not fp32_dot and w2.is_contiguous()
