@@ -122,26 +122,21 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot, USE_PDL=use_pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         per_token = topk
-    elif cfg.form == "split_sum":
+    else:  # split and split_sum: the same gate/up kernel
         act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
-        _moe_gate_up_kernel[(mk, triton.cdiv(inter, blk_i))](
-            x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
-            mk, H, inter, topk, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
-            PREFETCH_DOWN=False, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, EARLY_DOWN=False,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        _moe_down_sum_kernel[(M, triton.cdiv(H, cfg.block_n))](
-            act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), H, inter, topk,
-            BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
-            USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
-        return out  # the down kernel wrote the sums: no row-sum launch
-    else:
-        act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
-        prefetch = cfg.prefetch_down and x.device.type == "cuda" and not fp32_dot and w2.is_contiguous()
+        prefetch = (cfg.prefetch_down and cfg.form == "split" and x.device.type == "cuda" and not fp32_dot
+                    and w2.is_contiguous())
         _moe_gate_up_kernel[(mk, triton.cdiv(inter, blk_i))](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
             mk, H, inter, topk, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
             PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, EARLY_DOWN=early_down,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if cfg.form == "split_sum":
+            _moe_down_sum_kernel[(M, triton.cdiv(H, cfg.block_n))](
+                act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), H, inter, topk,
+                BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
+                USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
+            return out  # the down kernel wrote the sums: no row-sum launch
         rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
         _moe_down_kernel[(mk, triton.cdiv(H, cfg.block_n))](
             act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, rows,
