@@ -88,9 +88,9 @@ def compile_cases(family: str) -> list[aot.Case]:
             case(_paged_decode_kernel, f"decode D={D} G={G} {'split' if split else 'one slice'}",
                  _launch(c, BLOCK_N=c.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
                  num_warps=c.num_warps, num_stages=c.num_stages)
-        block_s = ops.reduce_block_s(ops.MAX_SPLITS, D)
-        consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=block_s, HAS_SINKS=True, HAS_WINDOW=True, USE_PDL=cuda)
-        case(_paged_decode_reduce_kernel, f"reduce D={D} BLOCK_S={block_s}", f"w{cfg.reduce_warps}",
+        consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=ops.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,
+                      USE_PDL=cuda)
+        case(_paged_decode_reduce_kernel, f"reduce D={D} BLOCK_S={ops.REDUCE_BLOCK_S}", f"w{cfg.reduce_warps}",
              pointers=POINTERS, constexprs=consts, num_warps=cfg.reduce_warps)
         block_m, pcfg = prefill_config(family, D, G)
         for on in (False, True):

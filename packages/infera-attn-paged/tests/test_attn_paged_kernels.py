@@ -187,7 +187,7 @@ def test_slice_count_follows_each_sequence_length(window):
     q, k, v, bt, seq_lens = paged_case(len(lens), 8, 2, 64, 16, lens)
     ws = ops.Workspace(len(lens) * cap, 8, 64, DEV, max_splits=cap)
     ws.lse.fill_(float("nan"))
-    ws.out.fill_(float("nan"))  # the reduce loads rows past a sequence's slices too: their NaN must not leak
+    ws.out.fill_(float("nan"))  # rows past a sequence's slices hold NaN: none may leak into the merge
     check(q, k, v, bt, seq_lens, window_left=window, num_splits=cap, workspace=ws, policy=policy)
     want = [min(cap, max(1, -(-(n if window < 0 else min(n, window + 1)) // 32))) for n in lens]
     assert ops.slices_per_sequence(seq_lens, cap, window_left=window, policy=policy).tolist() == want

@@ -155,15 +155,6 @@ def _paged_decode_kernel(
     s = tl.program_id(2)
     S = tl.num_programs(2)
 
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    g_ok = g < G
-    d_ok = d < D
-    heads = h * G + g
-    # the query and the length are loaded together: neither waits for the other (the block-table and K/V
-    # loads below wait for the length)
-    q = tl.load(q_ptr + b * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
-                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
     seq_len = tl.load(seq_lens_ptr + b)
     start, n_slices = _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW)
     if s >= n_slices:
@@ -171,6 +162,14 @@ def _paged_decode_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len - start, n_slices), BLOCK_N) * BLOCK_N
     lo = start + s * per_split
     hi = tl.minimum(lo + per_split, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    g_ok = g < G
+    d_ok = d < D
+    heads = h * G + g
+    q = tl.load(q_ptr + b * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0)
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], tl.float32)
@@ -206,22 +205,6 @@ def _paged_decode_kernel(
 
 
 @triton.jit
-def _merge_slices(lse, o, live, big, denom, acc):
-    """(running maximum, denominator, numerator) after merging a chunk of slices: ``lse`` [BLOCK_S] their
-    log2-sum-exps, ``o`` [BLOCK_S, BLOCK_D] their normalised outputs, ``live`` the slices that take part. The
-    others (past the sequence's slice count, or with no visible key) may hold stale or unwritten values, NaN
-    included; they get weight 0 through ``tl.where``, never through a product."""
-    lse = tl.where(live, lse, float("-inf"))
-    new = tl.maximum(big, tl.max(lse, axis=0))
-    use = tl.where(new == float("-inf"), 0.0, new)
-    rescale = tl.exp2(big - use)
-    w = tl.exp2(lse - use)
-    acc = acc * rescale + tl.sum(tl.where(live[:, None], o * w[:, None], 0.0), axis=0)
-    denom = denom * rescale + tl.sum(w, axis=0)
-    return new, denom, acc
-
-
-@triton.jit
 def _paged_decode_reduce_kernel(
     part_out_ptr,  # [B, Hq, S, D] fp32
     part_lse_ptr,  # [B, Hq, S] fp32 (log2 units)
@@ -235,7 +218,7 @@ def _paged_decode_reduce_kernel(
     split_keys,  # as the main kernel
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # slices merged per step (ops.reduce_block_s: a [BLOCK_S, BLOCK_D] tile within 64 x 128)
+    BLOCK_S: tl.constexpr,  # slices merged per step: next power of two >= S, at most 64 (a [BLOCK_S, BLOCK_D] tile)
     HAS_SINKS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the main kernel's writes
@@ -246,31 +229,31 @@ def _paged_decode_reduce_kernel(
     key has lse = -inf and weight 0)."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)  # not written by the main kernel: loaded before the wait
+    seq_len = tl.load(seq_lens_ptr + b)
+    _, n_slices = _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW)
+    if n_slices <= 1:
+        return
     if USE_PDL:
         gdc_wait()
     row = b * tl.num_programs(1) + hq
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    sl = tl.arange(0, BLOCK_S)
-    # the first BLOCK_S slices are loaded with the length, not after it: one memory round trip, not three
-    lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < S, other=float("-inf"))
-    o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :], mask=(sl < S)[:, None] & d_ok[None, :],
-                other=0.0)
-    _, n_slices = _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW)
-    if n_slices <= 1:
-        return
     # fp32 scalars from the start: a loop-carried value must keep its type
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
     big = denom - float("inf")  # the running maximum of the lse seen (log2 units)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    big, denom, acc = _merge_slices(lse, o, (sl < n_slices) & (lse > float("-inf")), big, denom, acc)
-    for s0 in range(BLOCK_S, n_slices, BLOCK_S):
-        ok = s0 + sl < n_slices
-        lse = tl.load(part_lse_ptr + row * S + s0 + sl, mask=ok, other=float("-inf"))
-        o = tl.load(part_out_ptr + (row * S + s0 + sl)[:, None] * D + d[None, :], mask=ok[:, None] & d_ok[None, :],
-                    other=0.0)
-        big, denom, acc = _merge_slices(lse, o, ok & (lse > float("-inf")), big, denom, acc)
+    for s0 in range(0, n_slices, BLOCK_S):
+        sl = s0 + tl.arange(0, BLOCK_S)
+        lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
+        new = tl.maximum(big, tl.max(lse, axis=0))
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        w = tl.exp2(lse - use)
+        live = lse > float("-inf")
+        o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :],
+                    mask=live[:, None] & (d < D)[None, :], other=0.0)
+        acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
+        denom = denom * rescale + tl.sum(w, axis=0)
+        big = new
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
         new = tl.maximum(big, sink)
@@ -279,4 +262,4 @@ def _paged_decode_reduce_kernel(
         acc = acc * rescale
         denom = denom * rescale + tl.exp2(sink - use)
     o = acc / tl.where(denom > 0, denom, 1.0)
-    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d < D)

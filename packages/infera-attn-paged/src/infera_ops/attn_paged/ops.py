@@ -20,13 +20,6 @@ from infera_vllm.triton_dot import pdl_supported
 
 MAX_SPLITS = 256  # the most slices any policy may ask for (SplitPolicy.max_splits picks within it)
 REDUCE_BLOCK_S = 64  # slices the reduce kernel merges per step
-REDUCE_TILE = 64 * 128  # ... at most this many fp32 elements per step ([slices, head dims]): D = 256 takes 32
-
-
-def reduce_block_s(splits: int, head_size: int) -> int:
-    """Slices the reduce kernel merges per step for a slice cap: a power of two, at most REDUCE_BLOCK_S and
-    REDUCE_TILE / (head dims, padded), and no more than the cap needs."""
-    return min(REDUCE_BLOCK_S, triton.next_power_of_2(splits), REDUCE_TILE // triton.next_power_of_2(head_size))
 
 
 @dataclass(frozen=True)
@@ -186,7 +179,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         _paged_decode_reduce_kernel[(B, Hq)](
             part_out, part_lse, sinks if sinks is not None else q, seq_lens, out, out.stride(0), out.stride(1),
             splits, int(window_left), int(policy.split_keys),
-            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=reduce_block_s(splits, D),
+            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)),
             HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=cfg.reduce_warps,
             **pdl_kw)
     return out
