@@ -136,6 +136,9 @@ def coverage(report_dir: str) -> dict | None:
         for k in ("checked", "passed", "failed", "unchecked_at_capture", "seconds"):
             check[k] += c.get(k, 0)
         check["max_error"] = max(check["max_error"], c["max_error"])
+        # per bucket: where a check's time and error come from (e.g. one bucket's first call of vLLM's kernel)
+        check.setdefault("by_bucket", {})[c["bucket"]] = {"seconds": c.get("seconds", 0.0),
+                                                          "max_error": c["max_error"], "checked": c["checked"]}
     for entry in ops.values():
         entry["share"] = {at: {k: n / sum(routes.values()) for k, n in sorted(routes.items(), key=lambda kv: -kv[1])}
                           for at, routes in entry["counts"].items()}
