@@ -298,7 +298,8 @@ def step_self_check(r: Runner, a) -> None:
     model's, so moe-decode serves its tuned shape). Each runs off, every-op (check on), every-op-nocheck,
     then the rest as its budget allows; a budget of 0 skips that model."""
     r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
-    common = ["--self-check-cost", "--rounds", 1, "--batches", "1,16", "--work", "/tmp/self_check_work"]
+    common = ["--self-check-cost", "--rounds", 1, "--batches", "1,16", "--work", "/tmp/self_check_work",
+              *shlex.split(a.validate_args)]
     if a.smollm2_budget_s:
         r.run(vllm_cli("validate", SMOLLM2, *common, "--ops", "norm,attn-paged", "--budget-s", a.smollm2_budget_s,
                        "--out", r.out / "validate_smollm2.json"), log="validate_smollm2.txt", tail=60)
@@ -435,6 +436,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--smollm2-budget-s", type=float, default=260, help="0: skip SmolLM2")
     s.add_argument("--moe-budget-s", type=float, default=260, help="0: skip the MoE model")
     s.add_argument("--moe-layers", type=int, default=4)
+    s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments (e.g. fewer batches)")
     s = step("validate")
     s.add_argument("--models", required=True, help="matrix model names, comma-separated")
     s.add_argument("--results", default="benchmarks/results/h200/validation/validation.json",

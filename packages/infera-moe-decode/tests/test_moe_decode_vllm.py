@@ -100,16 +100,19 @@ def test_tiny_qwen3_moe_on_vs_off(tmp_path, checkpoint_and_baseline):
     assert checks and all(c["failed"] == 0 and c["passed"] >= 1 for c in checks), checks
 
 
-def test_self_check_catches_a_wrong_kernel(tmp_path, checkpoint_and_baseline):
+@pytest.mark.parametrize("reference", ["vllm", "fp32"])
+def test_self_check_catches_a_wrong_kernel(tmp_path, checkpoint_and_baseline, reference):
     """A deliberately wrong kernel (INFERA_VLLM_SELF_CHECK_PERTURB scales its outputs by 1.25, on every
     call): the self-check catches it at the first call of each bucket, that call returns vLLM's result and
     vLLM's experts serve the bucket from then on, so the greedy tokens equal plugin-off's exactly (vLLM's
-    kernel served every call), and the report names the mismatch."""
+    kernel served every call), and the report names the mismatch. With either reference: vLLM's experts
+    (the CPU build's default) or the fp32 one (the GPUs' default), which hands a mismatched call to vLLM's
+    experts after the comparison."""
     ckpt, baseline = checkpoint_and_baseline
     report_dir = tmp_path / "report-perturbed"
     on = result_json(run_script(RUN, str(ckpt), "1", env={
         "INFERA_VLLM_OPS": "moe-decode", "INFERA_VLLM_SELF_CHECK_PERTURB": "moe-decode",
-        "INFERA_VLLM_REPORT_DIR": str(report_dir)}))
+        "INFERA_MOE_DECODE_CHECK_REFERENCE": reference, "INFERA_VLLM_REPORT_DIR": str(report_dir)}))
     assert ([[step[0] for step in seq] for seq in on["steps"]]
             == [[step[0] for step in seq] for seq in baseline["steps"]])
 

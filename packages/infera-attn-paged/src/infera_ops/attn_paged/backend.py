@@ -227,8 +227,11 @@ class InferaAttentionImpl(TritonAttentionImpl):
     def _on_filled_blocks(self, layer, query, key, value, kv_cache, md, output, decode: bool, splits: int,
                           workspace, rows: int, bucket: str, lengthen: bool = False):
         """(ours, vLLM's) outputs of this call with the blocks its block table names filled with random keys
-        and values (N(0, 1)), vLLM's implementation first; the blocks are restored after. ``lengthen`` (a
-        decode batch): every sequence also takes CHECK_KEYS keys, or as many as its block-table row holds
+        and values and a random query (N(0, 1)), vLLM's implementation first; the blocks are restored after.
+        The query is random too: a warm-up batch's queries are placeholders whose scores against random keys
+        can make the softmax one-hot or uniform, where every kernel rounds to the same bf16 output (on the
+        H200 such checks against FA3 gave an error of exactly 0: a comparison that cannot fail). ``lengthen``
+        (a decode batch): every sequence also takes CHECK_KEYS keys, or as many as its block-table row holds
         if fewer, so that a check of one-key sequences compares a softmax, not a copy."""
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
         if lengthen:
@@ -240,6 +243,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         blocks = blocks[(blocks >= 0) & (blocks < key_cache.shape[0])]
         saved = key_cache[blocks].clone(), value_cache[blocks].clone()
         gen = torch.Generator(device=key_cache.device).manual_seed(0)
+        query = torch.randn(query.shape, generator=gen, device=query.device, dtype=torch.float32).to(query.dtype)
         try:
             for cache in (key_cache, value_cache):
                 cache[blocks] = torch.randn(cache[blocks].shape, generator=gen, device=cache.device,

@@ -12,19 +12,25 @@ Imported only once the plugin's checks passed (it imports torch and vLLM).
   which prepacks the weights after loading; the kernel keeps the unpacked ``[E, 2I, H]`` / ``[E, H, I]``
   tensors (twice the expert memory: fine for tests, not for serving). Under Dynamo (vLLM's CPU path traces
   into the experts) the parent serves.
+
+Self-check (docs/self-check.md; ``INFERA_MOE_DECODE_CHECK_REFERENCE``): by default vLLM's own experts on
+the CPU build, and on GPUs the fp32 reference of the same maths (reference.py, over the experts the call
+routes to): vLLM's Triton experts compile a kernel for each token count's launch on their first call,
+0.7-1.0 s per bucket on the H200, which would be the check's whole startup cost; the fp32 pass costs
+milliseconds and is the stricter judge. On a mismatch vLLM's experts compute the call's result either way.
 """
 
 import torch
 from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
 from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-from infera_ops.moe_decode import guard, ops
+from infera_ops.moe_decode import guard, ops, reference
 from infera_ops.moe_decode.tuning import Tuning, shape_key
 from infera_vllm import coverage, seams, self_check
 
 
 def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check: self_check.Checker,
-                   keep_unpacked: bool) -> type:
+                   keep_unpacked: bool, check_against_vllm: bool) -> type:
     class InferaDecodeExperts(base):
         def process_weights_after_loading(self, layer) -> None:
             if keep_unpacked:  # before the parent repacks them into its own layout
@@ -54,25 +60,31 @@ def _experts_class(base: type, tuning: Tuning, count: coverage.CallCounts, check
             if reason is not None:
                 return super().apply(*args)
             theirs = None
-            if checking:  # vLLM's experts on the same inputs first: `output` may share the workspaces they use
+            if checking and check_against_vllm:  # before ours: `output` may share the workspaces they use
                 theirs = torch.empty_like(output)
                 with check.timed(bucket):
                     super().apply(theirs, *args[1:])
+            elif checking:
+                with check.timed(bucket):
+                    theirs = reference.moe_experts_reference(hidden_states, kw1, kw2, topk_weights, topk_ids,
+                                                             expert_map)
             shape = shape_key(kw1.shape[0], kw1.shape[2], kw1.shape[1] // 2, topk_ids.shape[1])
             ops.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
                             config=tuning.config_for(tokens, shape), expert_map=expert_map)
             check.perturb(output)
             if theirs is not None:  # on a mismatch the call returns vLLM's result
                 agreed = check.judge(bucket, output, theirs, tuple(hidden_states.shape))
-                if not agreed:
+                if not agreed and check_against_vllm:
                     output.copy_(theirs)
+                elif not agreed:
+                    super().apply(*args)
                 count(None if agreed else self_check.MISMATCH, tokens, "call")
             return None
 
     return InferaDecodeExperts
 
 
-def install(op_name: str, tuning: Tuning, cpu: bool, bound: float) -> None:
+def install(op_name: str, tuning: Tuning, cpu: bool, bound: float, check_against_vllm: bool) -> None:
     """Register the out-of-tree MoE method through ``infera_vllm.seams`` (idempotent: a forked child already has
     it; another plugin's method in the slot is left there)."""
     from vllm.model_executor import custom_op
@@ -93,12 +105,14 @@ def install(op_name: str, tuning: Tuning, cpu: bool, bound: float) -> None:
                 if self.experts_cls is None:  # vLLM < 0.32 on the CPU: monolithic, no experts class
                     count("cpu-monolithic", 1, "plan")
                     return
-                self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=True)
+                self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=True,
+                                                  check_against_vllm=check_against_vllm)
                 return
             if self.unquantized_backend != UnquantizedMoeBackend.TRITON:
                 count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
                 return
-            self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=False)
+            self.experts_cls = _experts_class(self.experts_cls, tuning, count, check, keep_unpacked=False,
+                                              check_against_vllm=check_against_vllm)
 
     seams.register(op_name, custom_op, "op_registry_oot", slot,
                    lambda: UnquantizedFusedMoEMethod.register_oot(InferaDecodeMoEMethod))

@@ -1,18 +1,27 @@
-"""fp32 torch reference of the SwiGLU MoE experts (tests and benchmarks import it)."""
+"""fp32 torch reference of the SwiGLU MoE experts (tests, benchmarks and the serving self-check import it)."""
 
 import torch
 import torch.nn.functional as F
 
 
-def moe_experts_reference(x, w13, w2, topk_weights, topk_ids):
-    """out[m] = sum_k r[m,k] * W2[e] @ (silu(W13[e,:I] @ x[m]) * (W13[e,I:] @ x[m])), e = ids[m,k]; fp32."""
+def moe_experts_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None):
+    """out[m] = sum_k r[m,k] * W2[e] @ (silu(W13[e,:I] @ x[m]) * (W13[e,I:] @ x[m])), e = ids[m,k]; fp32.
+
+    ``x`` [M, H], ``w13`` [E, 2I, H], ``w2`` [E, H, I], ``topk_weights``/``topk_ids`` [M, K];
+    ``expert_map`` (expert parallel): global id -> local index, -1 where another rank holds the expert (it
+    adds nothing here). One pass per distinct expert the tokens route to, converting only that expert's
+    weights to fp32, so that a serving-size layer (tens of GB of experts) costs milliseconds and no more
+    memory than one expert in fp32."""
     inter = w13.shape[1] // 2
-    xf, w13f, w2f = x.float(), w13.float(), w2.float()
+    ids = topk_ids.long() if expert_map is None else expert_map[topk_ids.long()].long()
+    flat, weights = ids.reshape(-1), topk_weights.reshape(-1).float()
+    token = torch.arange(x.shape[0], device=x.device).repeat_interleave(ids.shape[1])
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
-    for m in range(x.shape[0]):
-        for k in range(topk_ids.shape[1]):
-            e = int(topk_ids[m, k])
-            gate_up = w13f[e] @ xf[m]
-            act = F.silu(gate_up[:inter]) * gate_up[inter:]
-            out[m] += float(topk_weights[m, k]) * (w2f[e] @ act)
+    for e in torch.unique(flat).tolist():
+        if e < 0:
+            continue
+        rows = (flat == e).nonzero().squeeze(1)
+        gate_up = x[token[rows]].float() @ w13[e].float().t()
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        out.index_add_(0, token[rows], weights[rows, None] * (act @ w2[e].float().t()))
     return out

@@ -3,12 +3,14 @@
 Declines at startup, with its reason: on the CPU without ``TRITON_INTERPRET=1`` (``triton-interpreter-off``)
 or before vLLM 0.32 (``cpu-monolithic``: the CPU path has no experts class to extend); a GPU family
 without a tuning file (``not-tuned``) unless ``INFERA_MOE_DECODE_MAX_TOKENS`` is set; an unreadable
-tuning file or switch (``bad-tuning``).
+tuning file or switch (``bad-tuning``). ``INFERA_MOE_DECODE_CHECK_REFERENCE`` picks the self-check's
+reference (experts.py).
 """
 
 from infera_vllm.compat import version_in
 from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
+from infera_vllm.switches import op_value
 
 
 def _tuning(ctx):
@@ -41,6 +43,9 @@ def activate(ctx) -> Decline | None:
     found, _ = _tuning(ctx)
     from infera_ops.moe_decode import experts
 
-    experts.install(ctx.spec.name, found, cpu=ctx.env.gpu_family == "cpu", bound=ctx.spec.self_check_bound)
+    cpu = ctx.env.gpu_family == "cpu"
+    reference = op_value(ctx.spec, "INFERA_MOE_DECODE_CHECK_REFERENCE")
+    experts.install(ctx.spec.name, found, cpu=cpu, bound=ctx.spec.self_check_bound,
+                    check_against_vllm=reference == "vllm" or (reference == "auto" and cpu))
     ctx.note = f"serves up to {found.largest_served} tokens ({found.source})"
     return None

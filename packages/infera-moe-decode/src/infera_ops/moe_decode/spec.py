@@ -24,5 +24,9 @@ SPEC = OpSpec(
         Switch("INFERA_MOE_DECODE_MAX_TOKENS", "int", minimum=0,
                doc="serve every call of up to N tokens whatever the tuning file says (0: none); makes a family "
                    "without a tuning file usable"),
+        Switch("INFERA_MOE_DECODE_CHECK_REFERENCE", "choice", "auto", choices=("auto", "vllm", "fp32"),
+               doc="what the self-check compares the kernel with: vLLM's experts (vllm; they compile a kernel "
+                   "per token count on first use on GPUs), the fp32 reference (fp32), or auto: vLLM's experts "
+                   "on the CPU build, the fp32 reference on GPUs"),
     ),
 )
