@@ -9,8 +9,9 @@ the last:
    slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
 4. PDL off (where the GPU has it);
 5. the launch config of the rows whose slice cap is 1 (ops.LaunchConfig.unsplit: large batches, one program
-   per sequence and KV head, each walking a whole sequence), timed on those rows alone, kept only if the
-   whole table is faster with it.
+   per sequence and KV head, each walking a whole sequence), timed on those rows alone; from the same
+   times, per query group (heads per KV head) the launch fastest on that group's rows where it differs
+   (``unsplit_by_group``); each kept only if the whole table is faster with it.
 
 Then the ragged prefill kernel, per head size of bench_attn_paged.PREFILL_CONFIGS: coordinate descent over
 PREFILL_SPACE (rows per program, key tile, warps, stages: each swept in turn with the others at their best
@@ -56,17 +57,41 @@ PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4
 PREFILL_PASSES = 2
 
 
+def _launch(cfg) -> dict | None:
+    return None if cfg is None else {k: getattr(cfg, k) for k in ("block_n", "num_warps", "num_stages")}
+
+
 def table_entry(cfg, pol, pdl) -> dict:
     """A decode entry of the tuning file (tuning.py's format) for these settings."""
-    entry = {**asdict(replace(cfg, unsplit=None)), **asdict(pol), "pdl": bool(pdl)}
+    entry = {**asdict(replace(cfg, unsplit=None, unsplit_by_group=())), **asdict(pol), "pdl": bool(pdl)}
     entry.pop("unsplit")
+    entry.pop("unsplit_by_group")
     if cfg.unsplit is not None:
-        entry["unsplit"] = {k: getattr(cfg.unsplit, k) for k in ("block_n", "num_warps", "num_stages")}
+        entry["unsplit"] = _launch(cfg.unsplit)
+    if cfg.unsplit_by_group:
+        entry["unsplit_by_group"] = {str(g): _launch(c) for g, c in cfg.unsplit_by_group}
     return entry
 
 
 def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def unsplit_by_group(shared, measured, groups) -> tuple:
+    """``LaunchConfig.unsplit_by_group`` from pass 5's measurements: ``measured`` = (unsplit launch or None,
+    its ``seen`` entry on the cap-1 rows or None), ``groups`` = each of those rows' query heads per KV head.
+    A group whose rows are fastest (geometric mean) on a launch other than ``shared`` gets that launch (None:
+    the split launch's sizes); one group alone gets none (``shared`` is already its best)."""
+    by_group = []
+    for g in sorted(set(groups)):
+        at = [i for i, row_group in enumerate(groups) if row_group == g]
+        timed = [(geomean([entry["us"][i] for i in at]), launch) for launch, entry in measured
+                 if entry is not None and entry["ok"]]
+        if timed and len(set(groups)) > 1:
+            best = min(timed, key=lambda t: t[0])[1]
+            if best != shared:
+                by_group.append((g, best))
+    return tuple(by_group)
 
 
 def tune_prefill(ops, budget_s: float, device) -> tuple[dict, dict]:
@@ -218,16 +243,19 @@ def main() -> int:
         if 4 in passes:
             cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else []))
         # 5. the launch of the rows whose slice cap is 1 under the chosen policy, timed on those rows alone (the
-        # others never use it), then the whole table with and without it
+        # others never use it); then per query group (heads per KV head) the launch fastest on that group's rows
+        # of the same measurements, where it is not the shared one; then the whole table with and without them
         unsplit_rows = tuple(i for i, (c, _, _) in enumerate(cases) if ops.split_cap(c.B, c.Hkv, device, pol) == 1)
         if unsplit_rows and 5 in passes:
-            plain = replace(cfg, unsplit=None)
-            won = best_of([(plain, pol, pdl)] + [(replace(cfg, unsplit=ops.LaunchConfig(bn, w, st)), pol, pdl)
-                                                 for bn, w, st in itertools.product(bench.SWEEP_BLOCK_N,
-                                                                                    bench.SWEEP_WARPS,
-                                                                                    bench.SWEEP_STAGES)],
-                          only=unsplit_rows)
-            cfg, pol, pdl = best_of([(cfg, pol, pdl), won])
+            plain = replace(cfg, unsplit=None, unsplit_by_group=())
+            tried = [(plain, pol, pdl)] + [(replace(plain, unsplit=ops.LaunchConfig(bn, w, st)), pol, pdl)
+                                           for bn, w, st in itertools.product(bench.SWEEP_BLOCK_N,
+                                                                              bench.SWEEP_WARPS, bench.SWEEP_STAGES)]
+            won = best_of(tried, only=unsplit_rows)
+            grouped = replace(won[0], unsplit_by_group=unsplit_by_group(
+                won[0].unsplit, [(c[0].unsplit, seen.get((c, unsplit_rows))) for c in tried],
+                [cases[i][0].Hq // cases[i][0].Hkv for i in unsplit_rows]))
+            cfg, pol, pdl = best_of([(cfg, pol, pdl), won] + ([(grouped, pol, pdl)] if grouped != won[0] else []))
         best, base = seen.get(((cfg, pol, pdl), None)), seen.get((default, None))
         labels = [f"{c.config} B{c.B} ctx{c.ctx}" for c, _, _ in cases]
         if best is None or not best["ok"]:

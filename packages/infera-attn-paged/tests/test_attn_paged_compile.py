@@ -82,7 +82,7 @@ def compile_cases(family: str) -> list[aot.Case]:
         BLOCK_D = triton.next_power_of_2(D)
         cfg = decode_config(family, D)
         for split in (False, True):
-            c = cfg if split else cfg.unsplit or cfg  # a slice cap of 1 takes the unsplit sizes where set
+            c = cfg.for_slices(2 if split else 1, G)  # a slice cap of 1 takes the group's unsplit sizes where set
             consts = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
                           BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda, **_features(split))
             case(_paged_decode_kernel, f"decode D={D} G={G} {'split' if split else 'one slice'}",

@@ -154,6 +154,21 @@ def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
                                                                                  num_stages=3))}}))
         tuning._table.cache_clear()
         assert ops.decode_defaults(128, "cpu")[0].unsplit == ops.LaunchConfig(128, 4, 3)
+        path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128, num_warps=4,
+                                                                                 num_stages=3),
+                                                           unsplit_by_group={"3": dict(block_n=64, num_warps=4,
+                                                                                       num_stages=2),
+                                                                             "8": None})}}))
+        tuning._table.cache_clear()
+        cfg = ops.decode_defaults(128, "cpu")[0]
+        assert cfg.for_slices(1, 3) == ops.LaunchConfig(64, 4, 2)  # the group's own
+        assert cfg.for_slices(1, 8) == cfg  # null: the split sizes
+        assert cfg.for_slices(1, 4) == ops.LaunchConfig(128, 4, 3)  # a group not listed: ``unsplit``
+        assert cfg.for_slices(2, 3) == cfg  # several slices: the split sizes whatever the group
+        path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit_by_group=[64, 4, 2])}}))
+        tuning._table.cache_clear()
+        with pytest.raises(tuning.TuningError, match="unsplit_by_group must map"):
+            tuning.load("sm90")
         path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128))}}))
         tuning._table.cache_clear()
         with pytest.raises(tuning.TuningError, match="unsplit must hold exactly"):

@@ -122,8 +122,12 @@ def test_workspace_is_used_and_checked():
         ops.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
 
 
-def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch):
-    """LaunchConfig.unsplit serves launches whose slice cap is 1, the config itself the others."""
+@pytest.mark.parametrize("by_group", [(), ((2, ops.LaunchConfig(block_n=64, num_warps=1)),), ((2, None),),
+                                      ((3, ops.LaunchConfig(block_n=64, num_warps=1)),)])
+def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch, by_group):
+    """LaunchConfig.unsplit serves launches whose slice cap is 1, the config itself the others; an
+    ``unsplit_by_group`` entry for the call's query group (2 query heads per KV head here) replaces
+    ``unsplit`` (None: the config itself), one for another group does not."""
     launched = []
     kernel = ops._paged_decode_kernel
 
@@ -135,14 +139,17 @@ def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch):
             return launch
 
     monkeypatch.setattr(ops, "_paged_decode_kernel", Spy())
-    cfg = ops.LaunchConfig(block_n=32, num_warps=4, unsplit=ops.LaunchConfig(block_n=16, num_warps=2))
+    cfg = ops.LaunchConfig(block_n=32, num_warps=4, unsplit=ops.LaunchConfig(block_n=16, num_warps=2),
+                           unsplit_by_group=by_group)
     q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [40, 70])
     for splits in (1, 2):
         out = torch.full_like(q, float("nan"))
         ops.paged_decode(q, k, v, bt, lens, 0.125, out, num_splits=splits, config=cfg, policy=EVERY_SLICE)
         ref = paged_decode_reference(q, k, v, bt, lens, 0.125)
         torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
-    assert launched == [(1, 16, 2), (2, 32, 4)]
+    unsplit = {(): (16, 2), ((2, ops.LaunchConfig(block_n=64, num_warps=1)),): (64, 1),
+               ((2, None),): (32, 4), ((3, ops.LaunchConfig(block_n=64, num_warps=1)),): (16, 2)}[by_group]
+    assert launched == [(1, *unsplit), (2, 32, 4)]
 
 
 def test_rows_past_the_batch_are_untouched():

@@ -32,6 +32,19 @@ class LaunchConfig:
     # take these sizes instead, where set: each program then walks a whole sequence, and the tile that streams
     # a long walk best is not the one that suits many short slices
     unsplit: LaunchConfig | None = None
+    # per query heads per KV head G, the unsplit launch for that group (None: the sizes above); groups not
+    # listed take ``unsplit``. A program's tile is G query rows x BLOCK_N keys: G sets its arithmetic per
+    # byte and its registers, so the tile that streams best differs between groups of one head size
+    unsplit_by_group: tuple[tuple[int, LaunchConfig | None], ...] = ()
+
+    def for_slices(self, splits: int, group: int) -> LaunchConfig:
+        """The sizes a decode launch with slice cap ``splits`` uses for query groups of ``group`` heads."""
+        if splits > 1:
+            return self
+        for g, cfg in self.unsplit_by_group:
+            if g == group:
+                return cfg or self
+        return self.unsplit or self
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,8 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     if tuned is None:
         return launch_config(head_size), SPLIT_POLICY, pdl_supported(device)
     unsplit = LaunchConfig(*tuned.unsplit) if tuned.unsplit else None
-    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps, unsplit),
+    by_group = tuple((g, LaunchConfig(*launch) if launch else None) for g, launch in tuned.unsplit_by_group)
+    return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps, unsplit, by_group),
             SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits),
             tuned.pdl and pdl_supported(device))
 
@@ -136,7 +150,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     window_left >= 0 keeps keys at most that far behind the query (vLLM's ``sliding_window - 1``), -1 all;
     softcap > 0 caps the logits. ``num_splits`` is the slice cap S (default :func:`split_cap`); each
     sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes (its
-    ``unsplit`` sizes where S = 1); ``pdl``
+    unsplit sizes for the query group where S = 1, :meth:`LaunchConfig.for_slices`); ``pdl``
     whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`); each defaults
     to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
     sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
@@ -150,10 +164,9 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     tuned_cfg, tuned_policy, tuned_pdl = decode_defaults(D, q.device)
     cfg, policy = config or tuned_cfg, policy or tuned_policy
     splits = num_splits or split_cap(B, Hkv, q.device, policy)
-    if splits == 1 and cfg.unsplit is not None:
-        cfg = cfg.unsplit
-    use_pdl = tuned_pdl if pdl is None else pdl and pdl_supported(q.device)
     G = Hq // Hkv
+    cfg = cfg.for_slices(splits, G)
+    use_pdl = tuned_pdl if pdl is None else pdl and pdl_supported(q.device)
     common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
                   PAGE=page, BLOCK_N=cfg.block_n, HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0,
                   HAS_WINDOW=window_left >= 0, FP32_DOT=triton_dot.fp32_dot())

@@ -9,8 +9,10 @@ File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measur
 decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (ops.LaunchConfig),
 ``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64), ``pdl``, and
 optionally ``unsplit`` (``{"block_n", "num_warps", "num_stages"}`` for launches whose slice cap is 1,
-ops.LaunchConfig.unsplit), and each prefill entry (optional section) ``block_m`` (the fewest rows; at least
-the query heads per KV head), ``block_n``, ``num_warps``, ``num_stages``; a head size takes the entry of the
+ops.LaunchConfig.unsplit) and ``unsplit_by_group`` (``{"3": {...} or null, ...}``: per query heads per KV
+head, that group's unsplit launch, null for none; other groups take ``unsplit``), and each prefill entry
+(optional section) ``block_m`` (the fewest rows; at least the query heads per KV head), ``block_n``,
+``num_warps``, ``num_stages``; a head size takes the entry of the
 smallest listed size >= it (80 and 96 take 128's), none above the largest. ``declined_head_sizes`` (optional):
 ``{"256": "why"}``, head sizes the op does not serve on that family (every launch spills there): such layers stay
 on vLLM's attention (``head-size-on-family``).
@@ -41,6 +43,7 @@ class DecodeSettings:
     reduce_warps: int = 4
     max_splits: int = 64
     unsplit: tuple[int, int, int] | None = None  # (block_n, num_warps, num_stages) where the slice cap is 1
+    unsplit_by_group: tuple[tuple[int, tuple[int, int, int] | None], ...] = ()  # (G, launch or None) pairs
 
 
 @dataclass(frozen=True)
@@ -76,11 +79,21 @@ def _unsplit(entry) -> tuple[int, int, int] | None:
     return int(entry["block_n"]), int(entry["num_warps"]), int(entry["num_stages"])
 
 
+def _unsplit_by_group(entry) -> tuple[tuple[int, tuple[int, int, int] | None], ...]:
+    """A decode entry's ``unsplit_by_group``: ``{"G": launch or null}``, as sorted (G, launch) pairs."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"unsplit_by_group must map query heads per KV head to a launch, not {entry!r}")
+    return tuple(sorted((int(g), _unsplit(launch)) for g, launch in entry.items()))
+
+
+_NESTED = {"unsplit": _unsplit, "unsplit_by_group": _unsplit_by_group}
+
+
 def _parse(text: str, source: str) -> tuple[dict[int, DecodeSettings], dict[int, PrefillSettings], dict[int, str]]:
     doc = tuning_files.document(text, source, TuningError)
     try:
         entries = doc["decode"]
-        decode = {int(size): DecodeSettings(**{k: _unsplit(v) if k == "unsplit" else v
+        decode = {int(size): DecodeSettings(**{k: _NESTED[k](v) if k in _NESTED else v
                                                for k, v in entry.items() if k != "measured"})
                   for size, entry in entries.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -1,0 +1,48 @@
+"""benchmarks/tune_attn_paged.py's file-writing rules on the CPU (the sweep itself needs a CUDA GPU): the
+per-group unsplit launches it derives from pass 5's times, and the decode entry it writes, read back by the
+op's tuning loader as the same launches."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+if not (ROOT / "benchmarks" / "tune_attn_paged.py").is_file():
+    pytest.skip("benchmarks/ is not here (tests run outside the repository)", allow_module_level=True)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+spec = importlib.util.spec_from_file_location("tune_attn_paged", ROOT / "benchmarks" / "tune_attn_paged.py")
+tune = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tune)
+
+from infera_ops.attn_paged import ops, tuning  # noqa: E402
+
+SMALL, LARGE = ops.LaunchConfig(64, 4, 2), ops.LaunchConfig(128, 4, 3)
+
+
+def _entry(*us):
+    return {"ok": True, "us": list(us)}
+
+
+def test_each_group_takes_the_launch_fastest_on_its_own_rows():
+    groups = [3, 3, 8, 8]  # the cap-1 rows' query heads per KV head, in row order
+    measured = [(None, _entry(70, 60, 140, 255)),  # the split sizes
+                (SMALL, _entry(53, 50, 150, 260)),  # fastest on the G = 3 rows
+                (LARGE, _entry(62, 58, 132, 248))]  # the shared winner; fastest on the G = 8 rows
+    assert tune.unsplit_by_group(LARGE, measured, groups) == ((3, SMALL),)
+    measured[0] = (None, _entry(70, 60, 120, 240))  # the split sizes now fastest on G = 8
+    assert tune.unsplit_by_group(LARGE, measured, groups) == ((3, SMALL), (8, None))
+    assert tune.unsplit_by_group(LARGE, measured, [3, 3, 3, 3]) == ()  # one group: the shared launch is its own
+    measured[1] = (SMALL, {"ok": False, "us": [1, 1, 1, 1]})  # a wrong candidate is never chosen
+    assert dict(tune.unsplit_by_group(LARGE, measured, groups)).get(3) != SMALL
+
+
+def test_written_entry_reads_back_as_the_same_launches():
+    cfg = ops.LaunchConfig(64, 4, 3, 4, unsplit=LARGE, unsplit_by_group=((3, SMALL), (8, None)))
+    entry = tune.table_entry(cfg, ops.SplitPolicy(4, 64), False)
+    assert entry["unsplit_by_group"] == {"3": {"block_n": 64, "num_warps": 4, "num_stages": 2}, "8": None}
+    decode, _, _ = tuning._parse(json.dumps({"decode": {"128": entry}}), "test")
+    settings = decode[128]
+    assert settings.unsplit == (128, 4, 3) and settings.unsplit_by_group == ((3, (64, 4, 2)), (8, None))
