@@ -46,9 +46,9 @@ MIN_SPEEDUP = 1.02  # served where the kernel is at least this much faster than 
 PASSES = 1
 FUSED_UP_TO = 4  # the fused form is tried up to this M (its fp32 partials grow with M·TOPK·I/BLOCK_I)
 SPLIT_START = dict(form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=4,
-                   min_programs=0, pdl=False, prefetch_down=False, early_down=False)
+                   min_programs=0, pdl=False, prefetch_down=False, early_down=False, fill_per_sm=0)
 SPLIT_SPACE = {"early_down": (False, True), "pdl": (False, True), "prefetch_down": (False, True),
-               "block_i": (32, 64, 128), "block_h": (64, 128),
+               "block_i": (32, 64, 128), "fill_per_sm": (0, 1), "block_h": (64, 128),
                "num_stages": (2, 3, 4), "block_n": (64, 128), "min_programs": (0, 264)}
 FUSED_START = dict(form="fused", block_i=64, block_h=128, block_n=128, num_warps=4, num_stages=3, min_programs=0,
                    pdl=False)
@@ -61,9 +61,10 @@ PERSISTENT_SPACE = {"programs_per_sm": (1, 2, 3, 4), "block_i": (16, 32, 64), "n
                     "pdl": (False, True)}
 SPLIT_SUM_UP_TO = 4  # the split_sum form is tried up to this M (tokens that share an expert each read it)
 SPLIT_SUM_START = dict(form="split_sum", block_i=64, block_h=128, block_n=16, block_k=128, num_warps=4,
-                       num_stages=4, min_programs=0, pdl=False)
+                       num_stages=4, min_programs=0, pdl=False, fill_per_sm=0)
 SPLIT_SUM_SPACE = {"block_n": (16, 32, 64), "block_k": (64, 128, 256), "pdl": (False, True),
-                   "block_i": (32, 64, 128), "num_stages": (3, 4, 5), "num_warps": (2, 4), "min_programs": (0, 264)}
+                   "block_i": (32, 64, 128), "fill_per_sm": (0, 1), "num_stages": (3, 4, 5), "num_warps": (2, 4),
+                   "min_programs": (0, 264)}
 FORMS = ("split", "fused", "persistent", "split_sum")
 
 

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.aot_compile
 POINTERS = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "topk_ids_ptr": "*i32",
             "topk_weights_ptr": "*fp32", "part_ptr": "*fp32", "act_ptr": "*bf16", "y_ptr": "*fp32",
             "rows_ptr": "*fp32", "out_ptr": "*bf16", "sync_ptr": "*i32"}
-DIVISIBLE = {"H", "I"}  # every model's hidden and expert sizes are multiples of 16, as Triton sees at launch
+DIVISIBLE = {"H", "I", "COLS"}  # hidden and expert sizes and gate/up columns per program: multiples of 16
 TOKENS = 16  # the largest decode call the op serves: BLOCK_M 16, BLOCK_MK 128 (top-8)
 
 

@@ -125,6 +125,31 @@ def test_min_programs_gives_the_same_answer():
            torch.bfloat16)
 
 
+def test_gate_up_columns_fill_the_gpu():
+    """fill_per_sm cuts the gate/up kernel's columns per program (multiples of 16, at most the tile) so the
+    experts in play give about that many programs per SM (8 off CUDA)."""
+    cpu = torch.device("cpu")
+    assert ops.gate_up_cols(kernels.LaunchConfig(block_i=64), 64, 8, 768, cpu) == 64  # 0: the tile
+    fill = kernels.LaunchConfig(block_i=64, fill_per_sm=1)
+    assert ops.gate_up_cols(fill, 64, 2, 100, cpu) == 32  # 2 x 100 / 8 = 25 -> 32: 2 x 4 = 8 programs
+    assert ops.gate_up_cols(fill, 64, 1, 40, cpu) == 16  # never below 16
+    assert ops.gate_up_cols(fill, 64, 8, 2048, cpu) == 64  # never above the tile
+    assert ops.gate_up_cols(fill, 32, 2, 200, cpu) == 32  # the tile min_programs chose bounds it
+
+
+@pytest.mark.parametrize("form", ["split", "split_sum"])
+@pytest.mark.parametrize("M, I, E, topk", [(1, 100, 4, 2), (3, 56, 6, 4)])
+def test_fill_per_sm_gives_the_same_answer(form, M, I, E, topk):
+    """Columns per program below the tile and not dividing I (the last program's share is short): every
+    activation column is written once, the answer is the reference's."""
+    x, w13, w2, ids, weights = _case(M, 80, I, E, topk, torch.bfloat16, seed=I + M)
+    cfg = kernels.LaunchConfig(form=form, block_i=64, block_h=32, block_n=16, block_k=16, fill_per_sm=1)
+    assert ops.gate_up_cols(cfg, 64, min(M * topk, E), I, torch.device(DEVICE)) < 64 or DEVICE == "cuda"
+    out = torch.full((M, 80), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+    _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
+
+
 def test_unknown_form_is_refused():
     with pytest.raises(ValueError, match="form"):
         kernels.LaunchConfig(form="atomic")
@@ -188,15 +213,18 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="real model sizes: GPU only")
 @pytest.mark.parametrize("M", [1, 2, 16])
-@pytest.mark.parametrize("form, per_sm, early", [("split", 1, False), ("split", 1, True), ("fused", 1, False),
-                                                 ("persistent", 1, False), ("persistent", 3, False),
-                                                 ("persistent", 64, False), ("split_sum", 1, False)])
-def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early):
+@pytest.mark.parametrize("form, per_sm, early, fill", [
+    ("split", 1, False, 0), ("split", 1, True, 0), ("fused", 1, False, 0), ("persistent", 1, False, 0),
+    ("persistent", 3, False, 0), ("persistent", 64, False, 0), ("split_sum", 1, False, 0), ("split", 1, False, 1),
+    ("split_sum", 1, False, 1)])
+def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early, fill):
     """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the split one
     also with the down kernel started early (PDL, prefetching W2 before it waits); the persistent one also
-    with far more programs than the GPU holds at once (64 per SM), which its tickets must survive."""
+    with far more programs than the GPU holds at once (64 per SM), which its tickets must survive; the split
+    forms also with the gate/up columns cut to fill the SMs (48 of the 64-row tile at M = 1 on an H200)."""
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    cfg = kernels.LaunchConfig(form=form, block_i=32, programs_per_sm=per_sm, early_down=early)
+    cfg = kernels.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm, early_down=early,
+                               fill_per_sm=fill)
     ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

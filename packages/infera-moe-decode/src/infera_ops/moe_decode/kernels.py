@@ -193,10 +193,11 @@ def _moe_gate_up_kernel(
     H,
     I,
     TOPK,
+    COLS,  # output columns (of I) per program, <= BLOCK_I: the tile's first COLS rows are this program's
     w2_ptr,  # [E, H, I] contiguous: prefetched into L2 when PREFETCH_DOWN
     BLOCK_MK: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_I: tl.constexpr,  # output columns (of I) per program
+    BLOCK_I: tl.constexpr,  # the tile along I (a power of two >= COLS)
     BLOCK_H: tl.constexpr,  # reduction chunk along H
     FP32_DOT: tl.constexpr,
     PREFETCH_DOWN: tl.constexpr,  # after its tiles, prefetch 1/num_programs(1) of W2[e] into L2 (CUDA only)
@@ -209,8 +210,8 @@ def _moe_gate_up_kernel(
     pid_i = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
     if first and e >= 0:  # an expert held elsewhere has no activation: the down kernel writes its row as zero
-        cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
-        col_ok = cols < I
+        cols = pid_i * COLS + tl.arange(0, BLOCK_I)
+        col_ok = (tl.arange(0, BLOCK_I) < COLS) & (cols < I)  # masked rows are not read: no traffic
         act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
                             pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, EARLY_DOWN)
         tl.store(act_ptr + pos[:, None] * act_row_stride + cols[None, :], act.to(act_ptr.dtype.element_ty),
@@ -502,21 +503,28 @@ class LaunchConfig:
     as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.
     ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2.
     ``programs_per_sm`` (persistent form): its grid, per SM. ``early_down`` (split form, CUDA, implies
-    ``pdl``): the down kernel starts with the gate/up kernel and prefetches its weights into L2 meanwhile."""
+    ``pdl``): the down kernel starts with the gate/up kernel and prefetches its weights into L2 meanwhile.
+    ``fill_per_sm`` (split and split_sum forms): the gate/up kernel's columns per program are cut (in steps
+    of 16, at most the tile) so that the experts in play give about this many programs per SM: at M = 1 on
+    Qwen3-30B-A3B dims 8 x 768 / 48 = 128 programs for 132 SMs instead of 96 (0: the tile's columns)."""
 
     __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
-                 "pdl", "prefetch_down", "programs_per_sm", "early_down")
+                 "pdl", "prefetch_down", "programs_per_sm", "early_down", "fill_per_sm")
 
     def __init__(self, form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
-                 min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2, early_down=False):
+                 min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2, early_down=False,
+                 fill_per_sm=0):
         if form not in FORMS:
             raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
         self.form, self.block_i, self.block_h, self.block_n, self.block_k = form, block_i, block_h, block_n, block_k
         self.num_warps, self.num_stages = num_warps, num_stages
         self.min_programs, self.pdl, self.prefetch_down = int(min_programs), bool(pdl), bool(prefetch_down)
         self.programs_per_sm, self.early_down = int(programs_per_sm), bool(early_down)
+        self.fill_per_sm = int(fill_per_sm)
         if self.programs_per_sm < 1:
             raise ValueError(f"programs_per_sm {programs_per_sm!r}: expected >= 1")
+        if self.fill_per_sm < 0:
+            raise ValueError(f"fill_per_sm {fill_per_sm!r}: expected >= 0")
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -72,6 +72,18 @@ def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
     return block
 
 
+def gate_up_cols(cfg: LaunchConfig, block: int, experts_in_play: int, inter: int, device: torch.device) -> int:
+    """Columns of I per gate/up program: ``block`` (the tile), or with ``cfg.fill_per_sm`` the fewest
+    multiple of 16 that keeps the programs of the experts in play at about ``fill_per_sm`` per SM (8 "SMs"
+    off CUDA, so that the interpreter runs the same rule)."""
+    if not cfg.fill_per_sm:
+        return block
+    sms = (_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+           if device.type == "cuda" else 8)
+    cols = triton.cdiv(triton.cdiv(experts_in_play * inter, cfg.fill_per_sm * sms), 16) * 16
+    return max(16, min(block, cols))
+
+
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, out: torch.Tensor | None = None, config: LaunchConfig | None = None,
                 expert_map: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,11 +138,12 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
         prefetch = (cfg.prefetch_down and cfg.form == "split" and x.device.type == "cuda" and not fp32_dot
                     and w2.is_contiguous())
-        _moe_gate_up_kernel[(mk, triton.cdiv(inter, blk_i))](
+        cols = gate_up_cols(cfg, blk_i, min(mk, E), inter, x.device)
+        _moe_gate_up_kernel[(mk, triton.cdiv(inter, cols))](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
-            mk, H, inter, topk, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot,
-            PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, EARLY_DOWN=early_down,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            mk, H, inter, topk, cols, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h,
+            FP32_DOT=fp32_dot, PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl,
+            EARLY_DOWN=early_down, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if cfg.form == "split_sum":
             _moe_down_sum_kernel[(M, triton.cdiv(H, cfg.block_n))](
                 act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), H, inter, topk,
