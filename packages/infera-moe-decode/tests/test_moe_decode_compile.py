@@ -39,7 +39,7 @@ pytestmark = pytest.mark.aot_compile
 
 POINTERS = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "topk_ids_ptr": "*i32",
             "topk_weights_ptr": "*fp32", "part_ptr": "*fp32", "act_ptr": "*bf16", "y_ptr": "*fp32",
-            "rows_ptr": "*fp32", "out_ptr": "*bf16", "sync_ptr": "*i32"}
+            "rows_ptr": "*fp32", "out_ptr": "*bf16", "sync_ptr": "*i32", "count_ptr": "*i32"}
 DIVISIBLE = {"H", "I", "COLS"}  # hidden and expert sizes and gate/up columns per program: multiples of 16
 TOKENS = 16  # the largest decode call the op serves: BLOCK_M 16, BLOCK_MK 128 (top-8)
 
@@ -102,10 +102,15 @@ def compile_cases(family: str) -> list[aot.Case]:
                 tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=False,
                 PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=False)),
                 known_misfit=KNOWN_MISFITS.get((family, f"gate/up {label}"))))
-            cases.append(aot.Case(_moe_down_sum_kernel, f"down-sum {label}", f"BLOCK_N={cfg.block_n} "
-                                  f"BLOCK_K={cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}",
-                                  dict(common, constexprs=dict(BLOCK_T=8, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                                               FP32_DOT=False, USE_PDL=pdl))))
+            # the launch's own share count, and the in-kernel merge at 4 shares (the tuner's sweep has it)
+            for split_i in sorted({cfg.split_i, 4}):
+                cases.append(aot.Case(_moe_down_sum_kernel, f"down-sum {label}" + (f" {split_i} shares" if
+                                                                                   split_i > 1 else ""),
+                                      f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} SPLIT_I={split_i} "
+                                      f"w{cfg.num_warps} s{cfg.num_stages}",
+                                      dict(common, constexprs=dict(BLOCK_T=8, BLOCK_N=cfg.block_n,
+                                                                   BLOCK_K=cfg.block_k, SPLIT_I=split_i,
+                                                                   FP32_DOT=False, USE_PDL=pdl))))
             continue  # the down kernel writes the sums: no row-sum launch
         else:
             prefetch = cfg.prefetch_down and pdl_family

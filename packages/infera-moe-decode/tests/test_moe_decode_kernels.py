@@ -21,8 +21,11 @@ SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
 SMALL_FUSED = kernels.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
 SMALL_PERSISTENT = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
 SMALL_SPLIT_SUM = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16)
-FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM],
-                                ids=["split", "fused", "persistent", "split_sum"])
+# I in shares of 16-wide chunks, merged in the kernel: 3 shares where I has 3+ chunks (fewer, all non-empty, else)
+SMALL_SPLIT_SUM_I = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16,
+                                         split_i=3)
+FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I],
+                                ids=["split", "fused", "persistent", "split_sum", "split_sum_i"])
 
 
 def _routing(M, E, topk, gen):
@@ -150,6 +153,18 @@ def test_fill_per_sm_gives_the_same_answer(form, M, I, E, topk):
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
 
 
+def test_split_sum_merge_leaves_its_counters_zero():
+    """The split_sum form's in-kernel merge counts each (token, column block)'s shares and the last one in
+    sets the count back to zero, so the next call (or graph replay) starts from zero: two calls in a row on
+    different inputs are each right, and the counters are zero after."""
+    cfg = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16, split_i=4)
+    for seed in (1, 2):
+        x, w13, w2, ids, weights = _case(3, 48, 72, 5, 2, torch.bfloat16, seed=seed)
+        _check(ops.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
+               torch.bfloat16)
+        assert not ops.sync_counters(x.device, 1).any()
+
+
 def test_unknown_form_is_refused():
     with pytest.raises(ValueError, match="form"):
         kernels.LaunchConfig(form="atomic")
@@ -216,15 +231,16 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("form, per_sm, early, fill", [
     ("split", 1, False, 0), ("split", 1, True, 0), ("fused", 1, False, 0), ("persistent", 1, False, 0),
     ("persistent", 3, False, 0), ("persistent", 64, False, 0), ("split_sum", 1, False, 0), ("split", 1, False, 1),
-    ("split_sum", 1, False, 1)])
+    ("split_sum", 1, False, 1), ("split_sum", 4, False, 1)])
 def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early, fill):
     """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the split one
     also with the down kernel started early (PDL, prefetching W2 before it waits); the persistent one also
     with far more programs than the GPU holds at once (64 per SM), which its tickets must survive; the split
-    forms also with the gate/up columns cut to fill the SMs (48 of the 64-row tile at M = 1 on an H200)."""
+    forms also with the gate/up columns cut to fill the SMs (48 of the 64-row tile at M = 1 on an H200), the
+    split_sum one also with its down pass over 4 shares of I merged in the kernel."""
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     cfg = kernels.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm, early_down=early,
-                               fill_per_sm=fill)
+                               fill_per_sm=fill, split_i=per_sm if form == "split_sum" else 1)
     ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

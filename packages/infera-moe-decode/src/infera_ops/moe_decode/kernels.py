@@ -34,8 +34,9 @@ Four forms, all deterministic (the result does not depend on which program finis
   ``r · W2[e] @ a`` per position ``[MK, H]`` fp32, ``_row_sum_kernel`` adding each token's TOPK rows): three
   launches, a small fp32 buffer; the better one once many tokens make the partials large.
 - split_sum (the split form's gate/up kernel, then ``_moe_down_sum_kernel``: one program per token and
-  column block walks the token's TOPK experts and writes ``out`` itself): two launches, no fp32 rows; each
-  token reads its experts' W2 rows itself (no grouping in the down pass), so it suits one or a few tokens.
+  column block walks the token's TOPK experts and writes ``out`` itself): two launches, no fp32 rows (with
+  ``split_i`` > 1, several programs per column block over shares of I, merged in the kernel); each token
+  reads its experts' W2 rows itself (no grouping in the down pass), so it suits one or a few tokens.
 
 In the split form each kernel has a fixed cost (its first loads, its last programs finishing alone) of
 several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
@@ -282,25 +283,36 @@ def _moe_down_sum_kernel(
     topk_weights_ptr,  # [MK] router weights (any float dtype, read as fp32)
     out_ptr,  # [M, H] out, in the output dtype
     out_row_stride,
+    part_ptr,  # [M, SPLIT_I, H] fp32: each I-share's sums (read only when SPLIT_I > 1)
+    count_ptr,  # int32 [M · cdiv(H, BLOCK_N)]: zero on entry, left zero (read only when SPLIT_I > 1)
     H,
     I,
     TOPK,
+    CHUNKS_PER_SHARE,  # BLOCK_K chunks of I per program along program_id 2
     BLOCK_T: tl.constexpr,  # >= TOPK, a power of two: the token's expert ids and weights held in registers
     BLOCK_N: tl.constexpr,  # output columns (of H) per program, >= 16
     BLOCK_K: tl.constexpr,  # reduction chunk along I
+    SPLIT_I: tl.constexpr,  # programs per (token, column block), each over its share of I; 1: no merge
     FP32_DOT: tl.constexpr,
     USE_PDL: tl.constexpr,  # a programmatic dependent of the gate/up kernel: wait for its activations
 ):
     """out[m, cols] = sum_k r_mk · (W2[e_mk][cols, :] @ a_mk) for one token m (program_id 0) and BLOCK_N
     output columns (program_id 1): the split form's down projection with the top-k sum inside, so there are
     no fp32 partial rows and no row-sum launch. The token's TOPK weight slices are walked as one loop of
-    TOPK x ceil(I / BLOCK_K) tiles (expert and chunk from the loop index, the ids from registers), so the
-    load pipeline runs across experts without refilling; each slot's product is accumulated in fp32 and
-    added, times its router weight, at the slot's last chunk (the same sums as the split form's rows). The
-    token is row 0 of a 16-row tile (tl.dot's smallest M; the other rows are zeros). Tokens that share an
-    expert each read its weights: the form for a few tokens over many experts."""
+    TOPK x (chunks of I) tiles (expert and chunk from the loop index, the ids from registers), so the load
+    pipeline runs across experts without refilling; each slot's product is accumulated in fp32 and added,
+    times its router weight, at the slot's last chunk (the same sums as the split form's rows). The token is
+    row 0 of a 16-row tile (tl.dot's smallest M; the other rows are zeros). Tokens that share an expert each
+    read its weights: the form for a few tokens over many experts.
+
+    SPLIT_I > 1 (program_id 2 = s): the program walks only chunks [s·CHUNKS_PER_SHARE, (s+1)·CHUNKS_PER_SHARE)
+    of I for every slot, so a one-token call has SPLIT_I times the programs; it stores its sums to
+    ``part[m, s]`` and counts itself in at ``count[m, column block]`` (release); the program that counts
+    last (acquire) adds the SPLIT_I shares in order s = 0, 1, ... (the result does not depend on which
+    program is last), writes ``out`` and sets the count back to zero for the next launch or graph replay."""
     m = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_n = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < H
     slot = tl.arange(0, BLOCK_T)
     ids = tl.load(topk_ids_ptr + m * TOPK + slot, mask=slot < TOPK, other=-1).to(tl.int64)
@@ -308,14 +320,15 @@ def _moe_down_sum_kernel(
     if USE_PDL:
         gdc_wait()
     rows = tl.arange(0, 16)
-    chunks = tl.cdiv(I, BLOCK_K)
+    first = tl.program_id(2) * CHUNKS_PER_SHARE
+    chunks = tl.minimum(tl.cdiv(I, BLOCK_K) - first, CHUNKS_PER_SHARE)  # this share's (none past I's end)
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     total = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for t in range(0, TOPK * chunks):
+    for t in range(0, TOPK * tl.maximum(chunks, 0)):
         k_slot = t // chunks
         chunk = t - k_slot * chunks
         e = tl.sum(tl.where(slot == k_slot, ids, 0), axis=0)
-        k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
+        k = (first + chunk) * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < tl.where(e >= 0, I, 0)  # an expert held elsewhere: nothing loaded, nothing added
         a = tl.load(act_ptr + (m * TOPK + k_slot) * act_row_stride + rows[:, None] * 0 + k[None, :],
                     mask=(rows == 0)[:, None] & k_ok[None, :], other=0.0)
@@ -325,7 +338,21 @@ def _moe_down_sum_kernel(
         if chunk == chunks - 1:
             total += acc * tl.sum(tl.where(slot == k_slot, rw, 0.0), axis=0)
             acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    tl.store(out_ptr + m * out_row_stride + cols, tl.sum(total, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+    sums = tl.sum(total, axis=0)
+    if SPLIT_I == 1:
+        tl.store(out_ptr + m * out_row_stride + cols, sums.to(out_ptr.dtype.element_ty), mask=col_ok)
+    else:
+        share_ptr = part_ptr + m * SPLIT_I * H + cols
+        tl.store(share_ptr + tl.program_id(2) * H, sums, mask=col_ok)
+        tl.debug_barrier()  # every thread's stores before the release
+        count = count_ptr + m * tl.num_programs(1) + pid_n
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == SPLIT_I - 1:  # the last share in
+            tl.debug_barrier()
+            merged = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in range(SPLIT_I):  # in order: the same sum whichever program is last
+                merged += tl.load(share_ptr + s * H, mask=col_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + m * out_row_stride + cols, merged.to(out_ptr.dtype.element_ty), mask=col_ok)
+            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -506,25 +533,29 @@ class LaunchConfig:
     ``pdl``): the down kernel starts with the gate/up kernel and prefetches its weights into L2 meanwhile.
     ``fill_per_sm`` (split and split_sum forms): the gate/up kernel's columns per program are cut (in steps
     of 16, at most the tile) so that the experts in play give about this many programs per SM: at M = 1 on
-    Qwen3-30B-A3B dims 8 x 768 / 48 = 128 programs for 132 SMs instead of 96 (0: the tile's columns)."""
+    Qwen3-30B-A3B dims 8 x 768 / 48 = 128 programs for 132 SMs instead of 96 (0: the tile's columns).
+    ``split_i`` (split_sum form): the down kernel's programs per (token, column block), each over a share of
+    I, merged in the kernel by the last one in (1: none)."""
 
     __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
-                 "pdl", "prefetch_down", "programs_per_sm", "early_down", "fill_per_sm")
+                 "pdl", "prefetch_down", "programs_per_sm", "early_down", "fill_per_sm", "split_i")
 
     def __init__(self, form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
                  min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2, early_down=False,
-                 fill_per_sm=0):
+                 fill_per_sm=0, split_i=1):
         if form not in FORMS:
             raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
         self.form, self.block_i, self.block_h, self.block_n, self.block_k = form, block_i, block_h, block_n, block_k
         self.num_warps, self.num_stages = num_warps, num_stages
         self.min_programs, self.pdl, self.prefetch_down = int(min_programs), bool(pdl), bool(prefetch_down)
         self.programs_per_sm, self.early_down = int(programs_per_sm), bool(early_down)
-        self.fill_per_sm = int(fill_per_sm)
+        self.fill_per_sm, self.split_i = int(fill_per_sm), int(split_i)
         if self.programs_per_sm < 1:
             raise ValueError(f"programs_per_sm {programs_per_sm!r}: expected >= 1")
         if self.fill_per_sm < 0:
             raise ValueError(f"fill_per_sm {fill_per_sm!r}: expected >= 0")
+        if self.split_i < 1:
+            raise ValueError(f"split_i {split_i!r}: expected >= 1")
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

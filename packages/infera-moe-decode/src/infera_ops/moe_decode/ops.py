@@ -41,10 +41,11 @@ _OUTGROWN: list = []  # replaced counter buffers: a CUDA graph captured with one
 
 
 def sync_counters(device: torch.device, entries: int) -> torch.Tensor:
-    """The persistent kernel's counters for this device and stream (at least ``entries`` int32, zero): one
-    buffer per stream, so launches on different streams never share counters; each launch leaves it zero.
-    Grown (a new zeroed buffer) when a launch needs more, the old one kept alive for graphs that captured it;
-    allocated on the first, eager call in vLLM (warm-up runs before CUDA-graph capture)."""
+    """The counters of the persistent kernel and of the split_sum merge for this device and stream (at least
+    ``entries`` int32, zero): one buffer per stream, so launches on different streams never share counters;
+    each launch leaves it zero. Grown (a new zeroed buffer) when a launch needs more, the old one kept alive
+    for graphs that captured it; allocated on the first, eager call in vLLM (warm-up runs before CUDA-graph
+    capture)."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream)
     buf = _SYNC.get(key)
@@ -145,10 +146,19 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
             FP32_DOT=fp32_dot, PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl,
             EARLY_DOWN=early_down, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if cfg.form == "split_sum":
-            _moe_down_sum_kernel[(M, triton.cdiv(H, cfg.block_n))](
-                act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), H, inter, topk,
-                BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
-                USE_PDL=use_pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
+            n_blocks, chunks = triton.cdiv(H, cfg.block_n), triton.cdiv(inter, cfg.block_k)
+            per_share = triton.cdiv(chunks, min(cfg.split_i, chunks))
+            shares = triton.cdiv(chunks, per_share)  # no share without chunks
+            if shares > 1:
+                part = torch.empty(M, shares, H, dtype=torch.float32, device=x.device)
+                count = sync_counters(x.device, M * n_blocks)
+            else:
+                part, count = out, ids  # not read: no merge
+            _moe_down_sum_kernel[(M, n_blocks, shares)](
+                act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), part, count,
+                H, inter, topk, per_share, BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, SPLIT_I=shares, FP32_DOT=fp32_dot, USE_PDL=use_pdl, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, **pdl_kw)
             return out  # the down kernel wrote the sums: no row-sum launch
         rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
         _moe_down_kernel[(mk, triton.cdiv(H, cfg.block_n))](
