@@ -36,6 +36,11 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _sms(device: torch.device) -> int:
+    """The device's SM count (a CUDA device; its current one when unnumbered)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 _SYNC: dict = {}  # (device, stream) -> the persistent kernel's int32 counters, zero between launches
 _OUTGROWN: list = []  # replaced counter buffers: a CUDA graph captured with one still points at it
 
@@ -61,8 +66,7 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
     interpreter, which runs programs one after another (the first takes every item)."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(items, sms * per_sm))
+    return max(1, min(items, _sms(device) * per_sm))
 
 
 def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
@@ -79,8 +83,7 @@ def gate_up_cols(cfg: LaunchConfig, block: int, experts_in_play: int, inter: int
     off CUDA, so that the interpreter runs the same rule)."""
     if not cfg.fill_per_sm:
         return block
-    sms = (_sm_count(device.index if device.index is not None else torch.cuda.current_device())
-           if device.type == "cuda" else 8)
+    sms = _sms(device) if device.type == "cuda" else 8
     cols = triton.cdiv(triton.cdiv(experts_in_play * inter, cfg.fill_per_sm * sms), 16) * 16
     return max(16, min(block, cols))
 
