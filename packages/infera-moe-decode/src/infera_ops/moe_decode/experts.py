@@ -17,7 +17,8 @@ Self-check (docs/self-check.md; ``INFERA_MOE_DECODE_CHECK_REFERENCE``): by defau
 the CPU build, and on GPUs the fp32 reference of the same maths (reference.py, over the experts the call
 routes to): vLLM's Triton experts compile a kernel for each token count's launch on their first call,
 0.7-1.0 s per bucket on the H200, which would be the check's whole startup cost; the fp32 pass took
-0.02-0.17 s per bucket there and is the stricter judge. On a mismatch vLLM's experts compute the call's result either way.
+0.02-0.17 s per bucket there and is the stricter judge. On a mismatch vLLM's experts compute the call's
+result either way.
 """
 
 import torch

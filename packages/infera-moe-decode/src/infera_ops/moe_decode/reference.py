@@ -10,7 +10,7 @@ def moe_experts_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None):
     ``x`` [M, H], ``w13`` [E, 2I, H], ``w2`` [E, H, I], ``topk_weights``/``topk_ids`` [M, K];
     ``expert_map`` (expert parallel): global id -> local index, -1 where another rank holds the expert (it
     adds nothing here). One pass per distinct expert the tokens route to, converting only that expert's
-    weights to fp32, so that a serving-size layer (tens of GB of experts) costs milliseconds and no more
+    weights to fp32, so that a serving-size layer (tens of GB of experts) costs a fraction of a second and no more
     memory than one expert in fp32."""
     inter = w13.shape[1] // 2
     ids = topk_ids.long() if expert_map is None else expert_map[topk_ids.long()].long()
