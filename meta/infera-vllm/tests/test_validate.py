@@ -78,6 +78,17 @@ def test_without_meaningful_throughput_only_agreement_is_judged():
     assert validate.judge(_entry(dummy, meaningful=False, weights="dummy"))["rows"][0]["verdict"] == "unjudged"
 
 
+def test_speed_is_not_judged_where_plugin_off_ran_once():
+    once = {"off": ([_round(100.0)], {}), "off2": ([], _agree(1.0))}  # a budget that ended before off2 measured
+    j = validate.judge(_entry({**once, "norm": ([_round(60.0)], _agree(1.0)), "bad": ([_round(60.0)], _agree(0.5))}))
+    rows = {r["run"]: r for r in j["rows"]}
+    assert {k: r["verdict"] for k, r in rows.items()} == {"norm": "agrees", "bad": "disagrees"}
+    assert "speed not judged" in rows["norm"]["note"] and rows["norm"]["ratios"]["decode"]["1"] == 0.6
+    assert j["noise"]["decode"]["1"] is None
+    no_agreement = {"off": ([_round(100.0)], {}), "norm": ([_round(60.0)], {})}
+    assert validate.judge(_entry(no_agreement, weights="dummy"))["rows"][0]["verdict"] == "unjudged"
+
+
 def test_an_op_that_served_nothing_is_noted():
     cov = {"norm": {"active": True, "verdicts": ["active x2"], "counts": {"call": {"handover eager-launch-cost": 9}},
                     "share": {"call": {"handover eager-launch-cost": 1.0}}}}

@@ -220,12 +220,13 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
 
     Throughput: per batch and metric (decode, prefill), the run's median over rounds against the median of
     every plugin-off round (off and off2); the threshold is ``max(min_effect, spread)``, the spread being
-    (max - min) / median of those plugin-off rounds. ``faster``: some point above 1 + threshold and none
-    below 1 - threshold; ``slower``: some point below; else ``neutral``. Agreement (real weights): the
-    run's teacher-forced top-1 agreement with ``off`` must reach off-vs-off2's minus ``tolerance`` (for
-    attention, or vLLM's TRITON_ATTN's agreement where that is lower), else ``disagrees``, which outranks
-    the rest. Without meaningful throughput (the CPU) the verdict is ``agrees``/``disagrees``, or
-    ``unjudged`` with dummy weights; a run that failed is ``error``.
+    (max - min) / median of those plugin-off rounds; a point with one plugin-off round has no spread and is
+    not judged (with none judged, the verdict is the agreement's, as on the CPU). ``faster``: some point
+    above 1 + threshold and none below 1 - threshold; ``slower``: some point below; else ``neutral``.
+    Agreement (real weights): the run's teacher-forced top-1 agreement with ``off`` must reach
+    off-vs-off2's minus ``tolerance`` (for attention, or vLLM's TRITON_ATTN's agreement where that is
+    lower), else ``disagrees``, which outranks the rest. Without meaningful throughput (the CPU) the verdict
+    is ``agrees``/``disagrees``, or ``unjudged`` with dummy weights; a run that failed is ``error``.
     """
     runs = entry["runs"]
     offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
@@ -264,14 +265,18 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
                 if values:
                     ratio = harness.median(values) / ref
                     row["ratios"][metric][b] = ratio
-                    points.append((ratio, max(min_effect, noise[metric][b] or 0.0)))
+                    if noise[metric][b] is not None:  # a point without an off-vs-off spread is not judged
+                        points.append((ratio, max(min_effect, noise[metric][b])))
         agree = run.get("agreement")
         limit = attn_floor if label == "attn-paged" else floor
         row["agreement"] = agree["agreement"] if agree else None
         if agree and limit is not None and agree["agreement"] < limit:
             verdict = "disagrees"
-        elif not throughput:
+        elif not throughput or not points:
             verdict = "agrees" if agree and limit is not None else "unjudged"
+            if throughput:
+                row["note"] = ("speed not judged: plugin off ran once, so there is no off-vs-off spread to "
+                               "judge against (the call's budget ended before off2)")
         elif any(r < 1 - t for r, t in points):
             verdict = "slower"
         elif any(r > 1 + t for r, t in points):
@@ -282,7 +287,7 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         whole_set = _whole_set(label)
         served = [op for op in (sorted(cov) if whole_set else [label]) if _served(cov.get(op))]
         if not whole_set and not served:
-            row["note"] = f"{label} served no call on its kernel"
+            row["note"] = "; ".join(filter(None, (f"{label} served no call on its kernel", row["note"])))
         rows.append({**row, "verdict": verdict})
     cost = (startups["every-op"] / startups["every-op-nocheck"] - 1
             if "every-op" in startups and "every-op-nocheck" in startups else None)
