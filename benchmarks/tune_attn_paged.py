@@ -73,6 +73,19 @@ def table_entry(cfg, pol, pdl) -> dict:
     return entry
 
 
+def keep_untuned(tuned: dict, packaged: dict, no_decode: bool) -> dict:
+    """``tuned`` with what this run did not tune taken from the packaged file, each section with the record of
+    the run that measured it: the prefill section always (a prefill sweep then updates the head sizes it
+    measured), the decode section and its record with ``--no-decode``."""
+    kept = {**tuned, "prefill": dict(packaged.get("prefill", {}))}
+    old = packaged.get("measured", {})
+    if no_decode:
+        kept["decode"], kept["measured"] = packaged.get("decode", {}), dict(old)
+    elif "prefill" in old:
+        kept["measured"] = {**tuned["measured"], "prefill": old["prefill"]}
+    return kept
+
+
 def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -282,14 +295,10 @@ def main() -> int:
     tuned = {"decode": table, "measured": {"by": "benchmarks/tune_attn_paged.py", "gpu": machine.get("gpu"),
                                            "commit": machine.get("commit"), "objective": "geometric-mean us over "
                                            "bench_attn_paged.ROWS, cold L2, CUDA-graph replays"}}
-    # head sizes not tuned here keep the packaged file's entries (decode with --no-decode; prefill always)
     packaged = os.path.join(os.path.dirname(tuning.__file__), "tuning", f"{family}.json")
     if os.path.exists(packaged):
         with open(packaged) as f:
-            old = json.load(f)
-        tuned["prefill"] = dict(old.get("prefill", {}))
-        if args.no_decode:
-            tuned["decode"], tuned["measured"] = old.get("decode", {}), old.get("measured", {})
+            tuned = keep_untuned(tuned, json.load(f), args.no_decode)
     if args.prefill_budget_s > 0:
         section, doc["prefill"] = tune_prefill(ops, args.prefill_budget_s, device)
         tuned.setdefault("prefill", {}).update(section)

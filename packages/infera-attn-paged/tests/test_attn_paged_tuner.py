@@ -1,6 +1,6 @@
 """benchmarks/tune_attn_paged.py's file-writing rules on the CPU (the sweep itself needs a CUDA GPU): the
 per-group unsplit launches it derives from pass 5's times, and the decode entry it writes, read back by the
-op's tuning loader as the same launches."""
+op's tuning loader as the same launches, and the sections a run did not tune kept with their own records."""
 
 import importlib.util
 import json
@@ -46,3 +46,15 @@ def test_written_entry_reads_back_as_the_same_launches():
     decode, _, _ = tuning._parse(json.dumps({"decode": {"128": entry}}), "test")
     settings = decode[128]
     assert settings.unsplit == (128, 4, 3) and settings.unsplit_by_group == ((3, (64, 4, 2)), (8, None))
+
+
+def test_a_section_not_tuned_keeps_the_packaged_entry_and_its_record():
+    packaged = {"decode": {"64": {"block_n": 64}}, "prefill": {"128": {"block_m": 64}},
+                "measured": {"commit": "old", "prefill": {"commit": "older", "head_sizes": ["128"]}}}
+    tuned = {"decode": {"64": {"block_n": 128}}, "measured": {"commit": "new"}}
+    kept = tune.keep_untuned(tuned, packaged, no_decode=False)  # a decode-only run (--prefill-budget-s 0)
+    assert kept["decode"] == {"64": {"block_n": 128}} and kept["prefill"] == {"128": {"block_m": 64}}
+    assert kept["measured"] == {"commit": "new", "prefill": {"commit": "older", "head_sizes": ["128"]}}
+    kept = tune.keep_untuned(tuned, packaged, no_decode=True)  # a prefill-only run starts from the packaged file
+    assert kept["decode"] == packaged["decode"] and kept["measured"] == packaged["measured"]
+    assert tune.keep_untuned(tuned, {"decode": {}}, no_decode=False)["measured"] == {"commit": "new"}
