@@ -71,12 +71,6 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) < (3, 9):
             "the persistent form at BLOCK_I=32, 4 stages (the H200's tuned launch at M = 4 and 8): Triton 3.6's "
             "ptxas, the H200's, puts 16 bytes per lane in local memory; Triton 3.9's none. Measured on the H200 "
             "with it (benchmarks/results/h200/moe-decode/)")
-else:
-    for _shape in ("E256-H7168-I2048-K8", "E16-H4096-I6400-K2"):
-        KNOWN_MISFITS[("sm90", f"gate/up {_shape} M<=1")] = (
-            "the split_sum form's gate/up kernel on 2 warps at BLOCK_I=64, 4 stages (the H200's tuned launch for "
-            "DeepSeek-V3 and Phi-3.5-MoE at M = 1): Triton 3.9's ptxas puts 16 bytes per lane in local memory; "
-            "Triton 3.6's, the H200's, none. Measured on the H200 with 3.6 (benchmarks/results/h200/moe-decode/)")
 
 
 def compile_cases(family: str) -> list[aot.Case]:
