@@ -100,3 +100,80 @@ def read_ceiling_tb_s(gib: int = 4) -> float:
     del x
     torch.cuda.empty_cache()
     return nbytes / (best * 1e-3) / 1e12
+
+
+# ---- the traffic floor of one call: its bytes read with nothing else to do -----------------------------------
+
+# (programs per SM, BLOCK, warps, stages) tried for the floor; the best counts
+STREAM_LAUNCHES = ((4, 4096, 8, 3), (8, 2048, 4, 3), (2, 8192, 16, 2), (16, 1024, 4, 3))
+_STREAM: dict = {}
+
+
+def _stream_regions_kernel():
+    """The region-streaming kernel, defined once (Triton compiles each new function object again)."""
+    if "kernel" not in _STREAM:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _stream_regions(a_ptr, a_ids_ptr, a_n, a_per, b_ptr, b_ids_ptr, b_n, b_per, part_ptr,
+                            BLOCK: tl.constexpr):
+            """part[pid] = the fp32 sum of this program's chunks of two lists of regions:
+
+                a's regions a_ids[0..a_n), each a_per contiguous elements at a_ptr + a_ids[r]·a_per,
+                then b's likewise (b_n = 0: none; b_ptr and b_ids_ptr are then not read).
+
+            Chunks of BLOCK elements, region by region, grid-stride over the programs; the sum only keeps
+            the loads live. ``BLOCK``: elements per load (a multiple of the vector width)."""
+            pid, programs = tl.program_id(0), tl.num_programs(0)
+            acc = tl.zeros((BLOCK,), dtype=tl.float32)
+            a_chunks = tl.cdiv(a_per, BLOCK)
+            for c in range(pid, a_n * a_chunks, programs):
+                off = (c % a_chunks) * BLOCK + tl.arange(0, BLOCK)
+                base = tl.load(a_ids_ptr + c // a_chunks).to(tl.int64) * a_per
+                acc += tl.load(a_ptr + base + off, mask=off < a_per, other=0.0).to(tl.float32)
+            b_chunks = tl.cdiv(b_per, BLOCK)
+            for c in range(pid, b_n * b_chunks, programs):
+                off = (c % b_chunks) * BLOCK + tl.arange(0, BLOCK)
+                base = tl.load(b_ids_ptr + c // b_chunks).to(tl.int64) * b_per
+                acc += tl.load(b_ptr + base + off, mask=off < b_per, other=0.0).to(tl.float32)
+            tl.store(part_ptr + pid, tl.sum(acc, axis=0))
+
+        _STREAM["kernel"] = _stream_regions
+    return _STREAM["kernel"]
+
+
+def stream_regions(launch: list, programs: int, block: int, warps: int = 4, stages: int = 3):
+    """One launch reading the regions of ``launch`` = [(tensor, ids, per), ...] (one or two segments: the
+    regions ``ids`` of ``per`` contiguous elements of the flat ``tensor``); returns the per-program fp32
+    partial sums (their total is the sum of every element read)."""
+    import torch
+
+    (a, a_ids, a_per), (b, b_ids, b_per) = launch[0], (launch[1] if len(launch) > 1 else (launch[0][0],
+                                                                                        launch[0][1], 0))
+    part = torch.empty(programs, dtype=torch.float32, device=a.device)
+    _stream_regions_kernel()[(programs,)](a, a_ids, a_ids.numel(), a_per, b, b_ids, b_ids.numel() if b_per else 0,
+                                          b_per, part, BLOCK=block, num_warps=warps, num_stages=stages)
+    return part
+
+
+def stream_floor_us(calls: list, rep_ms: int = 20) -> float:
+    """The traffic floor of a call that reads given regions in given launches: ``calls`` = one entry per
+    call, each a list of launches (a launch: [(tensor, ids, per), ...], at most two segments), replayed back
+    to back in one CUDA graph as the benchmark replays the kernel under test (its calls over different
+    regions, so L2 starts cold); µs per call, the best of STREAM_LAUNCHES for the whole replay. The same bytes
+    in the same number of dependent launches as the kernel: what that kernel's time can approach, fixed
+    costs of a launch included."""
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    best = float("inf")
+    for per_sm, block, warps, stages in STREAM_LAUNCHES:
+        def replay(per_sm=per_sm, block=block, warps=warps, stages=stages):
+            for launches in calls:
+                for launch in launches:
+                    stream_regions(launch, sms * per_sm, block, warps, stages)
+
+        best = min(best, do_bench_cudagraph(replay, rep=rep_ms) * 1e3 / len(calls))
+    return best

@@ -23,6 +23,9 @@ replays), each implementation captured separately (ours with its preallocated Wo
 ``BENCH_L2=warm``, the calls in a graph cycle over enough copies of the KV cache to exceed 4x the L2 (cold:
 every KV byte from HBM, as when each layer reads its own cache), so that "% of copy BW" = KV bytes
 (B·ctx·Hkv·D·2·2) / time / the copy ceiling measured in the same run (2 GiB bf16 copy, read + written).
+Each row also has ``stream_floor_us``: the same pages, in the same KV copies, read by a plain streaming kernel
+in one launch with nothing else to do (``_results.stream_floor_us``), the time a decode step's traffic takes
+at this size, launch and ramp included; ``ours_pct_stream_floor`` = it / our time.
 
 Prefill section (on by default; ``BENCH_PREFILL=0`` skips it), run after the decode table: heads llama3-8b
 (32/8 x 128) and smollm2 (9/3 x 64), block 16, ragged batches (a) plain prefill 1 x 4096, 8 x 1024 and
@@ -79,7 +82,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-from _results import copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
+from _results import copy_ceiling_tb_s, describe_machine, results_dir, stream_floor_us, write_json  # noqa: E402
 
 HEADS = {  # name: (Hq, Hkv, D)
     "llama3-8b": (32, 8, 128),
@@ -201,6 +204,14 @@ class Case:
     @property
     def device(self):
         return self.q.device
+
+    def stream_floor_calls(self) -> list:
+        """The pages a decode step reads, as _results.stream_floor_us takes them: one launch per KV copy
+        (the graph cycles over the copies, as it does for the kernels), each page's K and V of every KV head
+        one region (vLLM's layout: a block's bs x Hkv x 2D elements are contiguous)."""
+        _, Hkv, bs, d2 = self.kvs[0].shape
+        pages = self.block_table.flatten()
+        return [[[(kv, pages, bs * Hkv * d2)]] for kv in self.kvs]
 
 
 def kv_copies_for(B: int, ctx: int, Hkv: int, D: int, cold: bool) -> int:
@@ -472,7 +483,8 @@ def bench_row(ops, reference, case: Case, sinks, label: str, ceiling: float, cop
     }
     row = {"config": label, "Hq": case.Hq, "Hkv": case.Hkv, "D": case.D, "sinks": sinks is not None,
            "B": case.B, "ctx": case.ctx, "bytes": case.kv_bytes, "kv_copies": copies,
-           "floor_us": case.kv_bytes / (ceiling * 1e12) * 1e6}
+           "floor_us": case.kv_bytes / (ceiling * 1e12) * 1e6,
+           "stream_floor_us": stream_floor_us(case.stream_floor_calls())}
     for name, factory in factories.items():
         if factory is None:
             res = {"us": None, "err": None, "err_graph": None, "ok": None, "error": "unavailable", "info": {}}
@@ -486,6 +498,7 @@ def bench_row(ops, reference, case: Case, sinks, label: str, ceiling: float, cop
         row[f"{name}_info"] = res["info"]
         row[f"{name}_pct_copy"] = pct(case.kv_bytes, res["us"], ceiling)
     row["speedup_vs_fa3"] = ratio(row["fa3_us"], row["ours_us"])
+    row["ours_pct_stream_floor"] = None if row["ours_us"] is None else row["stream_floor_us"] / row["ours_us"] * 100
     row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
     row["ours_splits"] = row["ours_info"].get("splits")
     row["triton_path"] = row["triton_info"].get("path")
@@ -511,7 +524,8 @@ def print_row(row: dict) -> None:
     for name in IMPLS:
         parts.append(f"{name} {fmt(row[f'{name}_us'], '8.1f')} us ({fmt(row[f'{name}_pct_copy'], '5.1f')}%, "
                      f"err {fmt(row[f'{name}_err'], '.1e')}, {ok_flag(row, name)})")
-    line = " | ".join(parts) + f" | splits {row['ours_splits']} triton {row['triton_path']}"
+    line = (" | ".join(parts) + f" | splits {row['ours_splits']} triton {row['triton_path']} | stream floor "
+            f"{row['stream_floor_us']:.1f} us")
     print(line, flush=True)
     for name in IMPLS:
         if row[f"{name}_error"] and row[f"{name}_error"] != "unavailable":
@@ -670,6 +684,8 @@ def plot(rows: list, ceiling: float, path: str) -> None:
                                     color="red", fontsize=7, rotation=90)
         top.plot(list(xs), [r["floor_us"] for r in sel], "k--", marker="_", markersize=14,
                  label="floor: KV bytes / copy ceiling")
+        top.plot(list(xs), [r["stream_floor_us"] for r in sel], "k:", marker="_", markersize=14,
+                 label="stream floor: the same pages read alone")
         bottom.axhline(100, color="k", ls="--", label=f"copy ceiling {ceiling:.2f} TB/s")
         top.set_yscale("log")
         top.set_title(f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})", fontsize=9)

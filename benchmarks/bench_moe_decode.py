@@ -4,7 +4,11 @@ Bytes = distinct experts read x 3·I·H·2 (the weight traffic; activations are 
 Timed from CUDA-graph replays (``do_bench_cudagraph``), as vLLM runs decode, with a cold L2: each replay
 runs ROTATIONS calls whose routings use different experts (as consecutive layers read different weights),
 and the time per call is the replay's over ROTATIONS. Copy and read ceilings measured in the same run
-(``infera_pct_copy``, ``infera_pct_read``). Blocks from the family's tuning (``tuning/<family>.json`` or
+(``infera_pct_copy``, ``infera_pct_read``), and each row's traffic floor: the same experts' weights
+read by a streaming kernel with nothing else to do, replayed the same way, W13's then W2's in two dependent
+launches as the split forms read them (``floor_two_launch_us``) and in one (``floor_one_launch_us``);
+``infera_pct_floor`` = the two-launch floor / the kernel's time: what is left to gain without removing a
+launch. Blocks from the family's tuning (``tuning/<family>.json`` or
 ``INFERA_MOE_DECODE_TUNING``); ``served`` says whether the op takes that (dims, M) in serving (else it hands
 over to vLLM: the production ratio there is 1.0 by construction). Prints a table, writes JSON + a plot under
 ``results/<gpu>/`` (or ``--out``).
@@ -21,7 +25,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import copy_ceiling_tb_s, describe_machine, read_ceiling_tb_s, results_dir, write_json  # noqa: E402
+from _results import (  # noqa: E402
+    copy_ceiling_tb_s,
+    describe_machine,
+    read_ceiling_tb_s,
+    results_dir,
+    stream_floor_us,
+    write_json,
+)
 
 DIMS = {  # name: (E, H, I, top-k)
     "qwen3-30b-a3b": (128, 2048, 768, 8),
@@ -55,6 +66,17 @@ class Case:
     def run(self, fn, r=0):
         weights, ids = self.routing[r]
         return fn(self.x[r], self.w13, self.w2, weights, ids)
+
+    def floor_calls(self, launches: int) -> list:
+        """Each rotation's weight reads as _results.stream_floor_us takes them: the distinct experts' W13
+        regions then their W2 regions, in two launches or in one."""
+        _, H, I, _ = DIMS[self.dims]
+        calls = []
+        for _, ids in self.routing:
+            used = torch.unique(ids)
+            w13, w2 = (self.w13, used, 2 * I * H), (self.w2, used, H * I)
+            calls.append([[w13], [w2]] if launches == 2 else [[w13, w2]])
+        return calls
 
     def time_us(self, fn) -> float:
         from triton.testing import do_bench_cudagraph
@@ -118,16 +140,21 @@ def main() -> int:
                 ref = moe_experts_reference(case.x[0], case.w13, case.w2, *case.routing[0])
                 err = max(err, rel_err(case.run(ours), ref))
             t_ours, t_vllm = case.time_us(ours), case.time_us(theirs)
+            floor2, floor1 = stream_floor_us(case.floor_calls(2)), stream_floor_us(case.floor_calls(1))
             tbs = case.bytes / 1e6  # MB / us = TB/s
             row = {"dims": name, "E": E, "H": H, "I": I, "topk": K, "M": M, "distinct_experts": case.distinct,
                    "bytes": case.bytes, "infera_us": t_ours, "vllm_us": t_vllm, "speedup": t_vllm / t_ours,
                    "infera_pct_copy": tbs / t_ours / copy * 100, "infera_pct_read": tbs / t_ours / read * 100,
                    "vllm_pct_copy": tbs / t_vllm / copy * 100, "vllm_pct_read": tbs / t_vllm / read * 100,
+                   "floor_two_launch_us": floor2, "floor_one_launch_us": floor1,
+                   "infera_pct_floor": floor2 / t_ours * 100, "vllm_pct_floor": floor2 / t_vllm * 100,
                    "max_rel_err": err, "served": bool(tuned and tuned.serves(M, E, H, I, K)), "config": cfg.as_dict()}
             rows.append(row)
             print(f"{name:<17} M={M:<3} experts={case.distinct:<5.1f} infera {t_ours:8.1f} us "
                   f"({row['infera_pct_read']:5.1f}% read) vllm {t_vllm:8.1f} us ({row['vllm_pct_read']:5.1f}%) "
-                  f"x{row['speedup']:.2f} rel.err {err:.1e}{'' if row['served'] else ' (handed over in serving)'}",
+                  f"x{row['speedup']:.2f} floor {floor2:.1f} us in 2 launches, {floor1:.1f} in 1 "
+                  f"({row['infera_pct_floor']:.0f}%) rel.err {err:.1e}"
+                  f"{'' if row['served'] else ' (handed over in serving)'}",
                   flush=True)
         del weights
         torch.cuda.empty_cache()
@@ -151,7 +178,8 @@ def plot(rows, read, path):
     fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         sel = [r for r in rows if r["dims"] == name]
-        for key, label in (("infera_us", "infera"), ("vllm_us", "vLLM fused_experts")):
+        for key, label in (("infera_us", "infera"), ("vllm_us", "vLLM fused_experts"),
+                           ("floor_two_launch_us", "traffic floor, 2 launches")):
             ax.plot([r["M"] for r in sel], [r["bytes"] / (r[key] * 1e-6) / 1e12 for r in sel], "o-", label=label)
         ax.axhline(read, color="k", ls="--", label=f"read ceiling {read:.2f} TB/s")
         ax.set_xscale("log", base=2)
