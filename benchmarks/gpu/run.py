@@ -219,8 +219,8 @@ def step_moe(r: Runner, a) -> None:
         r.pytest(["packages/infera-moe-decode/tests"], "pytest_moe_decode_sm90.txt", timeout=a.tests_timeout,
                  select=a.tests_k)
     if a.bench:
-        r.run(py("benchmarks/bench_moe_decode.py", "--out", r.out), log="bench_moe_decode.log",
-              timeout=a.bench_timeout)
+        r.run(py("benchmarks/bench_moe_decode.py", "--out", r.out, *shlex.split(a.bench_args)),
+              log="bench_moe_decode.log", timeout=a.bench_timeout)
 
 
 def step_moe_e2e(r: Runner, a) -> None:
@@ -409,6 +409,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tests-k", default="not vllm", help="pytest -k selection")
     s.add_argument("--tests-timeout", type=float, default=300)
     switch(s, "bench", True, "the kernels against vLLM's fused_experts")
+    s.add_argument("--bench-args", default="", help="more bench_moe_decode.py arguments, e.g. '--dims mixtral'")
     s.add_argument("--bench-timeout", type=float, default=300)
     s = step("moe-e2e")
     s.add_argument("--rounds", type=int, default=2)
