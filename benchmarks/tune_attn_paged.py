@@ -7,7 +7,8 @@ the last:
 2. split policies (programs per SM x fewest keys per slice) at that launch config;
 3. slice caps above 64 (MAX_SPLITS_SWEEP x programs per SM enough to reach them at batch 1): more, shorter
    slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
-4. PDL off (where the GPU has it);
+4. PDL off (where the GPU has it), and the slices merged in the main kernel (``merge_in_kernel``: no
+   reduce launch, so no PDL);
 5. the launch config of the rows whose slice cap is 1 (ops.LaunchConfig.unsplit: large batches, one program
    per sequence and KV head, each walking a whole sequence), timed on those rows alone; from the same
    times, per query group (heads per KV head) the launch fastest on that group's rows where it differs
@@ -254,7 +255,8 @@ def main() -> int:
                 (cfg, ops.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
                 for p in sorted({pol.programs_per_sm, 8, 16, 32})])
         if 4 in passes:
-            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else []))
+            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else [])
+                                    + [(cfg, replace(pol, merge_in_kernel=not pol.merge_in_kernel), False)])
         # 5. the launch of the rows whose slice cap is 1 under the chosen policy, timed on those rows alone (the
         # others never use it); then per query group (heads per KV head) the launch fastest on that group's rows
         # of the same measurements, where it is not the shared one; then the whole table with and without them

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.aot_compile
 FLOATS = {"scale", "softcap"}
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
             "query_start_loc_ptr": "*i32", "sinks_ptr": "*fp32", "out_ptr": "*bf16", "part_out_ptr": "*fp32",
-            "part_lse_ptr": "*fp32"}
+            "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
 # (head size, query heads per KV head): SmolLM2-135M, a masked head size (80), Llama-3-8B, Gemma-2
 HEADS = ((64, 3), (80, 8), (128, 4), (256, 2))
 PAGE = 16  # vLLM's default KV-cache block size
@@ -65,7 +65,8 @@ def prefill_config(family: str, head_size: int, group: int) -> tuple[int, ops.La
 
 def compile_cases(family: str) -> list[aot.Case]:
     """Every kernel of the op as it launches on the family: decode (one slice, features off; several slices,
-    sinks + soft-cap + window on), the split reduce at the largest slice count, prefill (features off, on),
+    sinks + soft-cap + window on, merged by the reduce kernel or in the kernel), the split reduce at the
+    largest slice count, prefill (features off, on),
     for each head size of HEADS. Programmatic dependent launch on CUDA only (the launcher never asks for it
     elsewhere: ``gdc_wait`` has no AMD lowering)."""
     cuda = aot.family(family).backend == "cuda"
@@ -81,11 +82,13 @@ def compile_cases(family: str) -> list[aot.Case]:
         declined = tuning.declined_head_size(D, family)
         BLOCK_D = triton.next_power_of_2(D)
         cfg = decode_config(family, D)
-        for split in (False, True):
+        for split, merge in ((False, False), (True, False), (True, True)):
             c = cfg.for_slices(2 if split else 1, G)  # a slice cap of 1 takes the group's unsplit sizes where set
             consts = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
-                          BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda, **_features(split))
-            case(_paged_decode_kernel, f"decode D={D} G={G} {'split' if split else 'one slice'}",
+                          BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda and not merge, MERGE=merge,
+                          BLOCK_S=ops.REDUCE_BLOCK_S, **_features(split))
+            what = ("split, merged in the kernel" if merge else "split") if split else "one slice"
+            case(_paged_decode_kernel, f"decode D={D} G={G} {what}",
                  _launch(c, BLOCK_N=c.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
                  num_warps=c.num_warps, num_stages=c.num_stages)
         consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=ops.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,

@@ -2,6 +2,8 @@
 graph: captured once at a batch size with short lengths, replayed after the persistent length, block-table
 and query buffers change in place (longer contexts, padded sequences)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -48,11 +50,13 @@ def test_prefill_real_sizes():
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("merge_in_kernel", [False, True], ids=["reduce-kernel", "merged-in-kernel"])
 @pytest.mark.parametrize("B,Hq,Hkv,D", [(4, 32, 8, 128), (3, 64, 8, 64)])
-def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D):
+def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_in_kernel):
     """One graph captured at lengths 1 (as vLLM captures) replays lengths from 1 to 40k: each sequence's
     slice count follows its length on the device (one slice at 1 key, the whole cap at 40k), the reduce
-    merges exactly those, with programmatic dependent launch where the GPU has it."""
+    merges exactly those, with programmatic dependent launch where the GPU has it; or the last slice of each
+    (sequence, KV head) merges them in the main kernel, its counters back at zero after every replay."""
     torch.manual_seed(0)
     max_ctx = 40_000
     pages = -(-max_ctx // 16)
@@ -62,13 +66,14 @@ def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D):
     q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     cap = ops.split_cap(B, Hkv, q.device, head_size=D)
-    policy = ops.decode_defaults(D, q.device)[1]
+    policy = replace(ops.decode_defaults(D, q.device)[1], merge_in_kernel=merge_in_kernel)
     ws = ops.Workspace(B * cap, Hq, D, "cuda")
     assert cap > 1  # the split path and its reduce are what the graph must hold
-    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws)  # compile outside capture
+    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws,
+                     policy=policy)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws)
+        ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws, policy=policy)
     seen = set()
     for new_lens in ([40_000, 17, 1000, 0][:B], [1, 2, 3, 129][:B], [2500, 39_999, 4095, 64][:B],
                      [128, 257, 12_345, 8][:B]):
@@ -79,6 +84,7 @@ def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D):
         graph.replay()
         ref = paged_decode_reference(q, k, v, bt, lens, D ** -0.5)
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        assert (ws.count == 0).all(), "in-kernel merge counters left non-zero"
         seen |= set(ops.slices_per_sequence(lens, cap, policy=policy).tolist())
     assert 1 in seen and cap in seen and len(seen) >= 3, seen  # one slice, some, and the whole cap
 

@@ -122,6 +122,41 @@ def test_workspace_is_used_and_checked():
         ops.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
 
 
+MERGED = ops.SplitPolicy(split_keys=1, merge_in_kernel=True)
+
+
+@pytest.mark.parametrize("Hq,Hkv,D,splits", [(9, 3, 64, 3), (8, 8, 128, 8), (4, 2, 256, 3), (9, 3, 64, 65)])
+def test_slices_merged_in_the_kernel(Hq, Hkv, D, splits):
+    """The last slice of each (sequence, KV head) merges them in the main kernel (no reduce launch): against
+    the fp32 reference with every feature on (65 slices: more than one merge step), the same output as the
+    reduce kernel's merge (the same sums in the same order; bit for bit under the interpreter), and the
+    counters back at zero after each of two calls (a CUDA graph replays the launch on the same counters)."""
+    q, k, v, bt, lens = paged_case(4, Hq, Hkv, D, 16, [64 * splits - 3, 1, 130, 0])
+    sinks = torch.randn(Hq, device=DEV) * 2
+    ws = ops.Workspace(4 * splits, Hq, D, DEV, max_splits=splits)
+    kw = dict(sinks=sinks, window_left=64 * splits - 40, softcap=30.0, num_splits=splits, workspace=ws)
+    for _ in range(2):
+        merged = check(q, k, v, bt, lens, policy=MERGED, **kw)
+        assert (ws.count == 0).all(), "counters left non-zero"
+    reduced = check(q, k, v, bt, lens, policy=EVERY_SLICE, **kw)
+    if DEV == "cpu":
+        assert torch.equal(merged, reduced)
+    else:
+        torch.testing.assert_close(merged, reduced, atol=1e-3, rtol=1e-3)
+
+
+def test_a_merged_launch_has_no_reduce_kernel(monkeypatch):
+    launched = []
+    real = ops._paged_decode_reduce_kernel
+    monkeypatch.setattr(ops, "_paged_decode_reduce_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: (launched.append(grid), real[grid])[1]})())
+    q, k, v, bt, lens = paged_case(2, 8, 2, 64, 16, [70, 90])
+    check(q, k, v, bt, lens, num_splits=4, policy=MERGED)
+    assert launched == []
+    check(q, k, v, bt, lens, num_splits=4, policy=EVERY_SLICE)
+    assert launched == [(2, 8)]
+
+
 @pytest.mark.parametrize("by_group", [(), ((2, ops.LaunchConfig(block_n=64, num_warps=1)),), ((2, None),),
                                       ((3, ops.LaunchConfig(block_n=64, num_warps=1)),)])
 def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch, by_group):

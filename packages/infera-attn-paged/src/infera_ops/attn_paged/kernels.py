@@ -30,6 +30,14 @@ maximum, adding the sink to the denominator; it recomputes S_b from the same len
 count is stored. With ``USE_PDL`` the reduce is
 launched as a programmatic dependent of the main kernel (Hopper and later): its programs start while the
 main kernel drains and wait (``gdc_wait``) until its writes are visible, which hides one launch latency.
+
+With ``MERGE`` there is no reduce launch: each program of a sequence with S_b > 1 writes its partial, then
+counts itself in at its (sequence, KV head)'s counter (release); the program that counts last (acquire)
+merges the S_b partials of the G heads itself, exactly as the reduce kernel does (same order, same result
+whichever program is last), writes ``out`` and sets the counter back to zero for the next launch or
+CUDA-graph replay. A second dependent launch costs about 3 us on the H200 (a plain read of the same bytes
+in two launches against one, benchmarks/results/h200/moe-decode/bench_moe_decode_stream_floor.json); the
+merge costs the last program a serial read of its S_b x G partials from L2.
 """
 
 import triton
@@ -112,6 +120,50 @@ def _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr, FROM_L2: tl.constexpr):
+    """[BLOCK_D] fp32: o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over
+    slices and sink, over the ``n_slices`` slices of partial row ``row`` (= sequence · Hq + hq; its slices at
+    ``row · S + s``); the slices taken BLOCK_S at a time, the running sums rescaled to each step's maximum (a
+    slice with no visible key has lse = -inf and weight 0). ``FROM_L2``: read the partials past L1
+    (``.cg``), for partials other programs of the same launch wrote."""
+    d = tl.arange(0, BLOCK_D)
+    # fp32 scalars from the start: a loop-carried value must keep its type
+    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
+    big = denom - float("inf")  # the running maximum of the lse seen (log2 units)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, n_slices, BLOCK_S):
+        sl = s0 + tl.arange(0, BLOCK_S)
+        lse_ptrs = part_lse_ptr + row * S + sl
+        if FROM_L2:
+            lse = tl.load(lse_ptrs, mask=sl < n_slices, other=float("-inf"), cache_modifier=".cg")
+        else:
+            lse = tl.load(lse_ptrs, mask=sl < n_slices, other=float("-inf"))
+        new = tl.maximum(big, tl.max(lse, axis=0))
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        w = tl.exp2(lse - use)
+        live = lse > float("-inf")
+        o_ptrs = part_out_ptr + (row * S + sl)[:, None] * D + d[None, :]
+        o_mask = live[:, None] & (d < D)[None, :]
+        if FROM_L2:
+            o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
+        else:
+            o = tl.load(o_ptrs, mask=o_mask, other=0.0)
+        acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
+        denom = denom * rescale + tl.sum(w, axis=0)
+        big = new
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
+        new = tl.maximum(big, sink)
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        acc = acc * rescale
+        denom = denom * rescale + tl.exp2(sink - use)
+    return acc / tl.where(denom > 0, denom, 1.0)
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr,  # [B, Hq, D], unit stride along D
     q_seq_stride,
@@ -133,6 +185,7 @@ def _paged_decode_kernel(
     out_head_stride,
     part_out_ptr,  # [B, Hq, S, D] fp32 contiguous, written by sequences of several slices (SPLIT only)
     part_lse_ptr,  # [B, Hq, S] fp32 log2-sum-exp of each slice (-inf: a slice with no visible key)
+    count_ptr,  # [B, Hkv] int32 slices counted in: zero on entry, left zero (MERGE only)
     scale,  # softmax scale (natural units)
     softcap,  # logits soft-cap; read only when HAS_SOFTCAP
     window_left,  # keys at most this far behind the query; read only when HAS_WINDOW
@@ -149,6 +202,8 @@ def _paged_decode_kernel(
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
     USE_PDL: tl.constexpr,  # let the reduce kernel launch early (programmatic dependent launch)
+    MERGE: tl.constexpr,  # SPLIT only: the last slice of each (sequence, KV head) merges them; no reduce launch
+    BLOCK_S: tl.constexpr,  # slices merged per step when MERGE (as the reduce kernel's)
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -194,6 +249,18 @@ def _paged_decode_kernel(
         tl.store(part_lse_ptr + row, lse, mask=g_ok)
         tl.store(part_out_ptr + row[:, None] * D + d[None, :], acc / tl.where(l > 0, l, 1.0)[:, None],
                  mask=g_ok[:, None] & d_ok[None, :] & (l > 0)[:, None])
+        if MERGE:
+            tl.debug_barrier()  # every thread's stores before the release
+            count = count_ptr + b * tl.num_programs(1) + h
+            if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == n_slices - 1:  # the last slice in
+                tl.debug_barrier()
+                for gi in range(G):
+                    hq = h * G + gi
+                    o = _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, b * (tl.num_programs(1) * G) + hq, hq,
+                                      n_slices, S, D, BLOCK_D, BLOCK_S, HAS_SINKS, True)
+                    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty),
+                             mask=d_ok)
+                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
     else:
         if HAS_SINKS:
             acc, l = _with_sinks(acc, l, m, sinks_ptr, heads, g_ok)
@@ -223,10 +290,8 @@ def _paged_decode_reduce_kernel(
     HAS_WINDOW: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the main kernel's writes
 ):
-    """o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over slices and sink,
-    over the S_b slices of sequences with S_b > 1 (the main kernel wrote the others' outputs itself); the
-    slices taken BLOCK_S at a time, the running sums rescaled to each step's maximum (a slice with no visible
-    key has lse = -inf and weight 0)."""
+    """The merge (_merge_slices) of the S_b slices of sequences with S_b > 1 (the main kernel wrote the others'
+    outputs itself), one program per (sequence, query head)."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -235,31 +300,7 @@ def _paged_decode_reduce_kernel(
         return
     if USE_PDL:
         gdc_wait()
-    row = b * tl.num_programs(1) + hq
     d = tl.arange(0, BLOCK_D)
-    # fp32 scalars from the start: a loop-carried value must keep its type
-    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
-    big = denom - float("inf")  # the running maximum of the lse seen (log2 units)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, n_slices, BLOCK_S):
-        sl = s0 + tl.arange(0, BLOCK_S)
-        lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
-        new = tl.maximum(big, tl.max(lse, axis=0))
-        use = tl.where(new == float("-inf"), 0.0, new)
-        rescale = tl.exp2(big - use)
-        w = tl.exp2(lse - use)
-        live = lse > float("-inf")
-        o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :],
-                    mask=live[:, None] & (d < D)[None, :], other=0.0)
-        acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
-        denom = denom * rescale + tl.sum(w, axis=0)
-        big = new
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
-        new = tl.maximum(big, sink)
-        use = tl.where(new == float("-inf"), 0.0, new)
-        rescale = tl.exp2(big - use)
-        acc = acc * rescale
-        denom = denom * rescale + tl.exp2(sink - use)
-    o = acc / tl.where(denom > 0, denom, 1.0)
+    o = _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, b * tl.num_programs(1) + hq, hq, n_slices, S, D,
+                      BLOCK_D, BLOCK_S, HAS_SINKS, False)
     tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d < D)

@@ -59,6 +59,9 @@ class SplitPolicy:
     programs_per_sm: int = 16
     split_keys: int = 128
     max_splits: int = 64  # the slice cap's ceiling (at most MAX_SPLITS): more slices, more programs at batch 1
+    # the last slice of each (sequence, KV head) merges the slices in the main kernel: no reduce launch (and no
+    # PDL), a serial merge in that program instead (kernels.py, MERGE)
+    merge_in_kernel: bool = False
 
 
 # Launch sizes for a GPU family without a tuning file (tuning.py; sm90 has one, measured): small tiles that
@@ -82,7 +85,7 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     unsplit = LaunchConfig(*tuned.unsplit) if tuned.unsplit else None
     by_group = tuple((g, LaunchConfig(*launch) if launch else None) for g, launch in tuned.unsplit_by_group)
     return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps, unsplit, by_group),
-            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits),
+            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits, tuned.merge_in_kernel),
             tuned.pdl and pdl_supported(device))
 
 
@@ -116,12 +119,14 @@ def slices_per_sequence(seq_lens: torch.Tensor, cap: int, *, window_left: int = 
 
 class Workspace:
     """fp32 partial outputs and log-sum-exps for up to ``max_rows`` (sequence, slice) pairs, reused by every
-    layer: a decode batch of B sequences under a slice cap S needs B·S rows."""
+    layer: a decode batch of B sequences under a slice cap S needs B·S rows; and the in-kernel merge's
+    counters (one per sequence and KV head: fewer than the rows' heads), zero between launches."""
 
     def __init__(self, max_rows: int, num_heads: int, head_size: int, device, max_splits: int = MAX_SPLITS):
         self.max_rows, self.num_heads, self.head_size, self.max_splits = max_rows, num_heads, head_size, max_splits
         self.out = torch.empty(max_rows * num_heads * head_size, dtype=torch.float32, device=device)
         self.lse = torch.empty(max_rows * num_heads, dtype=torch.float32, device=device)
+        self.count = torch.zeros(max_rows * num_heads, dtype=torch.int32, device=device)
 
     def fits(self, batch: int, num_heads: int, head_size: int, splits: int) -> bool:
         return batch * splits * num_heads * head_size <= self.out.numel() and splits <= self.max_splits
@@ -151,7 +156,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     softcap > 0 caps the logits. ``num_splits`` is the slice cap S (default :func:`split_cap`); each
     sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes (its
     unsplit sizes for the query group where S = 1, :meth:`LaunchConfig.for_slices`); ``pdl``
-    whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`); each defaults
+    whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`; none when the
+    policy merges in the kernel, ``SplitPolicy.merge_in_kernel``); each defaults
     to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
     sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
     """
@@ -166,7 +172,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     splits = num_splits or split_cap(B, Hkv, q.device, policy)
     G = Hq // Hkv
     cfg = cfg.for_slices(splits, G)
-    use_pdl = tuned_pdl if pdl is None else pdl and pdl_supported(q.device)
+    merge = splits > 1 and policy.merge_in_kernel
+    use_pdl = (tuned_pdl if pdl is None else pdl and pdl_supported(q.device)) and not merge
     common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
                   PAGE=page, BLOCK_N=cfg.block_n, HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0,
                   HAS_WINDOW=window_left >= 0, FP32_DOT=triton_dot.fp32_dot())
@@ -175,24 +182,25 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
             workspace = Workspace(B * splits, Hq, D, q.device, max_splits=splits)
         if not workspace.fits(B, Hq, D, splits):
             raise ValueError(f"workspace too small for batch {B} x {Hq} heads x {splits} splits")
-        part_out, part_lse = workspace.out, workspace.lse
+        part_out, part_lse, count = workspace.out, workspace.lse, workspace.count
     else:
-        part_out = part_lse = out  # not read: SPLIT is off
+        part_out = part_lse = count = out  # not read: SPLIT is off
+    block_s = min(REDUCE_BLOCK_S, triton.next_power_of_2(splits))
     _paged_decode_kernel[(B, Hkv, splits)](
         q, q.stride(0), q.stride(1),
         key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table, block_table.stride(0), seq_lens, sinks if sinks is not None else q,
-        out, out.stride(0), out.stride(1), part_out, part_lse,
+        out, out.stride(0), out.stride(1), part_out, part_lse, count,
         float(scale), float(softcap), int(window_left), int(policy.split_keys),
-        SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **common)
-    if splits > 1:
+        SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, MERGE=merge, BLOCK_S=block_s, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **common)
+    if splits > 1 and not merge:
         pdl_kw = {"launch_pdl": True} if use_pdl else {}
         _paged_decode_reduce_kernel[(B, Hq)](
             part_out, part_lse, sinks if sinks is not None else q, seq_lens, out, out.stride(0), out.stride(1),
             splits, int(window_left), int(policy.split_keys),
-            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=min(REDUCE_BLOCK_S, triton.next_power_of_2(splits)),
+            D=D, BLOCK_D=common["BLOCK_D"], BLOCK_S=block_s,
             HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=cfg.reduce_warps,
             **pdl_kw)
     return out

@@ -7,7 +7,8 @@ cover, uses ops.py's defaults.
 
 File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measured": {...}}`` where each
 decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (ops.LaunchConfig),
-``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64), ``pdl``, and
+``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (ops.SplitPolicy; default 64) and
+``merge_in_kernel`` (default false), ``pdl``, and
 optionally ``unsplit`` (``{"block_n", "num_warps", "num_stages"}`` for launches whose slice cap is 1,
 ops.LaunchConfig.unsplit) and ``unsplit_by_group`` (``{"3": {...} or null, ...}``: per query heads per KV
 head, that group's unsplit launch, null for none; other groups take ``unsplit``), and each prefill entry
@@ -44,6 +45,7 @@ class DecodeSettings:
     max_splits: int = 64
     unsplit: tuple[int, int, int] | None = None  # (block_n, num_warps, num_stages) where the slice cap is 1
     unsplit_by_group: tuple[tuple[int, tuple[int, int, int] | None], ...] = ()  # (G, launch or None) pairs
+    merge_in_kernel: bool = False  # the last slice merges (ops.SplitPolicy.merge_in_kernel)
 
 
 @dataclass(frozen=True)
