@@ -312,13 +312,16 @@ def step_self_check(r: Runner, a) -> None:
 
 
 def step_validate(r: Runner, a) -> None:
-    """`infera-vllm validate --matrix benchmarks/validation/matrix.json` for the named models (results
-    accumulate model by model in --results across calls; a model measured at this commit is not rerun)."""
+    """`infera-vllm validate --matrix benchmarks/validation/matrix.json` (or ``--preset NAME``, the plugin's
+    preset of that name) for the named models (results accumulate model by model in --results across calls,
+    by default validation.json or <preset>.json; a model measured at this commit is not rerun)."""
     for variable, path in (("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING), ("INFERA_MOE_DECODE_TUNING", MOE_TUNING)):
         r.use_tuning(variable, path)
-    r.run(vllm_cli("validate", "--matrix", "benchmarks/validation/matrix.json", "--models", a.models, "--out",
-                   a.results, "--budget-s", a.budget_s, *shlex.split(a.validate_args)), log="validate.txt", tail=80)
-    r.run(["cp", a.results, str(r.out / Path(a.results).name)])
+    source = ["--preset", a.preset] if a.preset else ["--matrix", "benchmarks/validation/matrix.json"]
+    results = a.results or f"benchmarks/results/h200/validation/{a.preset or 'validation'}.json"
+    r.run(vllm_cli("validate", *source, *(["--models", a.models] if a.models else []), "--out", results,
+                   "--budget-s", a.budget_s, *shlex.split(a.validate_args)), log="validate.txt", tail=80)
+    r.run(["cp", results, str(r.out / Path(results).name)])
 
 
 def step_parallel(r: Runner, a) -> None:
@@ -439,9 +442,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--moe-layers", type=int, default=4)
     s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments (e.g. fewer batches)")
     s = step("validate")
-    s.add_argument("--models", required=True, help="matrix model names, comma-separated")
-    s.add_argument("--results", default="benchmarks/results/h200/validation/validation.json",
-                   help="the JSON that accumulates across calls (copied to $OUT after; copy it back before the next)")
+    s.add_argument("--models", help="matrix model names, comma-separated (a preset's: all of them by default)")
+    s.add_argument("--preset", help="a preset of `infera-vllm validate` (attn-paged-h200, moe-decode-h200) instead "
+                                    "of the matrix")
+    s.add_argument("--results", help="the JSON that accumulates across calls (default benchmarks/results/h200/"
+                                     "validation/validation.json, or <preset>.json; copied to $OUT after: copy it "
+                                     "back before the next call)")
     s.add_argument("--budget-s", type=float, default=540)
     s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments")
     s = step("parallel")

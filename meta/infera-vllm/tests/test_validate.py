@@ -375,3 +375,60 @@ def test_startup_and_the_self_check_cost():
     assert every["every-op-nocheck"]["INFERA_VLLM_SELF_CHECK"] == "off"
     assert every["default"] == {}
     assert validate.judge(_entry(_runs()))["self_check_startup_cost"] is None
+
+
+# ---- presets, prompt lengths per batch size, the runs option, rows ---------------------------------------------
+
+def test_presets_are_the_end_to_end_benchmarks():
+    """Each preset is a matrix file of the plugin whose models are the e2e benchmark's configs (the context
+    limit raised to the preset's longest prompt where needed) and whose options are validate's."""
+    assert validate.presets() == ["attn-paged-h200", "moe-decode-h200"]
+    attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
+    moe = _load(ROOT / "benchmarks" / "e2e_moe_decode.py", "e2e_moe_decode")
+    for name in validate.presets():
+        preset = json.loads(Path(validate.preset_path(name)).read_text())
+        assert preset["format"] == validate.MATRIX_FORMAT and set(preset["options"]) <= set(validate.DEFAULTS)
+        opts = preset["options"]
+        assert opts["runs"][:2] == ["off", "off2"] and opts["runs"][2:] == opts["ops"]
+        longest = max(validate.prompt_len(opts, b) for b in opts["batches"])
+        for m in preset["models"]:
+            assert m["config"]["max_position_embeddings"] >= longest + opts["decode_tokens"] + 1 + 16, (name, m)
+    h200 = attn.PRESETS["h200"]
+    preset = json.loads(Path(validate.preset_path("attn-paged-h200")).read_text())
+    assert [(b, validate.prompt_len(preset["options"], b)) for b in preset["options"]["batches"]] == list(h200["rows"])
+    for m in preset["models"]:
+        want = json.loads(json.dumps(dict(attn.ALL_MODELS[m["name"]], **h200["shrink"].get(m["name"], {}))))
+        assert {**m["config"], "max_position_embeddings": None} == {**want, "max_position_embeddings": None}
+    preset = json.loads(Path(validate.preset_path("moe-decode-h200")).read_text())
+    assert preset["models"][0]["config"] == json.loads(json.dumps(moe.QWEN3_30B_A3B))
+    assert preset["options"]["batches"] == list(moe.PRESETS["h200"]["batches"])
+    assert preset["options"]["prompt_tokens"] == moe.PROMPT_TOKENS
+
+
+def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    seen = []
+    spawn = validate._spawn
+    monkeypatch.setattr(validate, "_spawn", lambda cfg, env, work: (seen.append(cfg), spawn(cfg, env, work))[1])
+    out = tmp_path / "v.json"
+    assert validate.main(["--preset", "attn-paged-h200", "--models", "qwen3-8b", "--out", str(out),
+                          "--work", str(tmp_path / "w"), "--runs", "off2,norm"]) == 0
+    assert fake_engine == ["off", "off", "norm"]  # --runs replaces the preset's; off always runs
+    assert seen[0]["prompt_tokens"] == {"1": 16384, "16": 8192, "64": 2048, "256": 512}
+    (entry,) = json.loads(out.read_text())["models"]
+    assert entry["options"]["llm_kwargs"]["max_model_len"] == 16384 + 128 + 1 + 16
+    rows = [r for r in entry["rows"] if r["run"] == "norm"]
+    assert [(r["batch"], r["prompt_tokens"]) for r in rows] == [(1, 16384), (16, 8192), (64, 2048), (256, 512)]
+    assert all(r["decode_ratio"] == 1.0 and r["prefill_ratio"] == 1.0 and r["model"] == "qwen3-8b" for r in rows)
+
+
+def test_prompt_lengths_and_presets_are_checked(tmp_path, capsys):
+    assert cli.main(["validate", _model_dir(tmp_path), "--batches", "1,16", "--prompt-tokens", "1:64"]) == 2
+    assert "no length for batch size 16" in capsys.readouterr().err
+    assert cli.main(["validate", "--preset", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "no such preset" in err and "moe-decode-h200" in err  # the message lists the presets
+    assert cli.main(["validate", "--preset", "moe-decode-h200", "--matrix", "m.json"]) == 2
+    assert "give one" in capsys.readouterr().err
+    assert validate.prompt_len({"prompt_tokens": 256}, 64) == 256
+    assert validate.prompt_len({"prompt_tokens": {"1": 9, "4": 3}}, 4) == 3

@@ -34,7 +34,7 @@ MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
 MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the off-vs-off spread, if larger)
 AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
 DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, rounds=2, tp=1,
-                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False)
+                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None)
 # what "this op alone" needs beyond INFERA_VLLM_OPS=<op>: attn-paged serves only as the automatic attention choice
 ALONE_ENV = {"attn-paged": {"INFERA_ATTN_PAGED_DEFAULT": "1"}}
 _SELECTION = ("INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE", "INFERA_VLLM_OPS_DISABLE")
@@ -65,10 +65,11 @@ def measure(cfg: dict) -> dict:
         out["top1"] = [[next(t for t, lp in pos.items() if lp.rank == 1) for pos in o.prompt_logprobs[1:]] for o in gen]
         out["prompts"] = prompts
     rng = random.Random(0)
-    plen, dlen = cfg["prompt_tokens"], cfg["decode_tokens"]
+    dlen = cfg["decode_tokens"]
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     full = SamplingParams(max_tokens=1 + dlen, temperature=0.0, ignore_eos=True, detokenize=False)
     for batch in cfg["batches"]:
+        plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
                    for _ in range(batch)]
         llm.generate(prompts, prefill, use_tqdm=False)  # warm-up outside the timing: a new batch size's first
@@ -86,6 +87,13 @@ def measure(cfg: dict) -> dict:
         out["batches"][str(batch)] = {"decode": harness.median(decode) if decode else None,
                                       "prefill": harness.median(pre), "decode_all": decode, "prefill_all": pre}
     return out
+
+
+def prompt_len(opts: dict, batch: int) -> int:
+    """The prompt length of ``batch``'s timed runs: ``prompt_tokens`` is one length for every batch size, or
+    a map from batch size to length (long prompts at small batches, as a serving mix has them)."""
+    plen = opts["prompt_tokens"]
+    return int(plen[str(batch)]) if isinstance(plen, dict) else int(plen)
 
 
 def _spawn(cfg: dict, env: dict, work: str) -> dict:
@@ -185,8 +193,10 @@ def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str],
     return run, skipped, doc["environment"]
 
 
-def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_check_cost: bool = False) -> list[dict]:
-    """The configurations of one model, in the order each round runs them. ``self_check_cost``: every op
+def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_check_cost: bool = False,
+                runs: list[str] | None = None) -> list[dict]:
+    """The configurations of one model, in the order each round runs them; ``runs``: only those labels
+    (``off`` always: every ratio is against it). ``self_check_cost``: every op
     that takes layers here together (``every-op``: ``INFERA_VLLM_OPS`` = all of ``ops``, each op's alone
     switches too, the check ``first``) and the same with the check off (``every-op-nocheck``), so the check's
     share of startup is measured where every op that can serve this model does. That pair runs right after
@@ -208,6 +218,8 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
     configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
     configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
                 for op in ops]
+    if runs is not None:
+        configs = [c for c in configs if c["label"] == "off" or c["label"] in runs]
     for c in configs:
         c["llm"] = {**base_llm, **c["llm"]}
     return configs
@@ -296,6 +308,29 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
             "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
                            "agreement_floor": floor, "attention_agreement_floor": attn_floor}}
+
+
+def rows(entry: dict) -> list[dict]:
+    """The entry's ratios one row per run and batch size, as the end-to-end benchmarks write them: ``model``,
+    ``run``, ``batch``, ``prompt_tokens``, ``decode_ratio`` and ``prefill_ratio`` (the run's median over plugin
+    off's, > 1 faster), the off-vs-off ``decode_spread`` and ``prefill_spread``, the run's ``verdict``."""
+    j = judge(entry, **entry.get("judge_options", {}))
+    out = []
+    for row in j["rows"]:
+        for b in entry["options"]["batches"]:
+            b = str(b)
+            out.append({"model": entry["model"], "run": row["run"], "batch": int(b),
+                        "prompt_tokens": prompt_len(entry["options"], int(b)),
+                        "decode_ratio": row["ratios"]["decode"].get(b),
+                        "prefill_ratio": row["ratios"]["prefill"].get(b),
+                        "decode_spread": j["noise"]["decode"].get(b), "prefill_spread": j["noise"]["prefill"].get(b),
+                        "verdict": row["verdict"]})
+    return out
+
+
+def with_rows(doc: dict) -> dict:
+    """``doc`` with each entry's :func:`rows` (derived: recomputed whenever the results are written)."""
+    return {**doc, "models": [{**e, "rows": rows(e)} for e in doc["models"]]}
 
 
 def _served(op_cov: dict | None) -> bool:
@@ -531,6 +566,9 @@ def _options(args) -> dict:
             opts["batches"] = [int(b) for b in opts["batches"].split(",")]
         if isinstance(opts["ops"], str):
             opts["ops"] = [o for o in opts["ops"].split(",") if o]
+        if isinstance(opts["runs"], str):
+            opts["runs"] = [r for r in opts["runs"].split(",") if r]
+        opts["prompt_tokens"] = _prompt_tokens(opts["prompt_tokens"], opts["batches"])
         if isinstance(opts["llm_kwargs"], str):
             opts["llm_kwargs"] = json.loads(opts["llm_kwargs"])
     except ValueError as exc:
@@ -540,19 +578,52 @@ def _options(args) -> dict:
     return opts
 
 
+def _prompt_tokens(value, batches: list[int]):
+    """``--prompt-tokens``: one length (``256``) or one per batch size (``1:16384,16:8192``, or a JSON object
+    in a matrix file), every batch size given a positive length; a map comes back with string keys (as JSON
+    stores it)."""
+    if isinstance(value, str):
+        value = (dict(pair.split(":") for pair in value.split(",")) if ":" in value else int(value))
+    if isinstance(value, dict):
+        value = {str(int(b)): int(n) for b, n in value.items()}
+        missing = [b for b in batches if str(b) not in value]
+        if missing:
+            raise ValueError(f"--prompt-tokens gives no length for batch size {', '.join(map(str, missing))}")
+        if min(value.values()) < 1:
+            raise ValueError("--prompt-tokens takes positive lengths")
+        return value
+    if int(value) < 1:
+        raise ValueError("--prompt-tokens takes positive lengths")
+    return int(value)
+
+
+def presets() -> list[str]:
+    """The matrix files shipped in ``infera_vllm/presets/`` (the end-to-end benchmarks as validate runs)."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+    return sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".json")) if os.path.isdir(folder) else []
+
+
+def preset_path(name: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", f"{name}.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="infera-vllm validate", description=__doc__.split("\n\n")[0])
     p.add_argument("model", nargs="*", help="model directories (config.json and weights)")
     p.add_argument("--dummy", action="store_true", help="the directories hold a config only: dummy weights")
     p.add_argument("--matrix", help="a matrix file (benchmarks/validation/matrix.json): models and options")
+    p.add_argument("--preset", help=f"a matrix file shipped with the plugin: {', '.join(presets())}")
     p.add_argument("--models", help="with --matrix: only these model names (comma-separated)")
     p.add_argument("--batches", help="decode batch sizes, comma-separated (default 1,16,64)")
-    p.add_argument("--prompt-tokens", dest="prompt_tokens", type=int, help="prompt length of the timed runs (256)")
+    p.add_argument("--prompt-tokens", dest="prompt_tokens",
+                   help="prompt length of the timed runs (256), or one per batch size: 1:16384,16:8192")
     p.add_argument("--decode-tokens", dest="decode_tokens", type=int, help="tokens generated per sequence (64)")
     p.add_argument("--repeats", type=int, help="timed repeats per batch size in one run; their median counts (3)")
     p.add_argument("--rounds", type=int, help="alternating rounds of all configurations (2)")
     p.add_argument("--tp", type=int, help="tensor parallel size (1)")
     p.add_argument("--ops", help="only these ops alone (comma-separated; default every installed op)")
+    p.add_argument("--runs", help="only these configurations (comma-separated labels: off2, default, an op's "
+                                  "name...; off always runs)")
     p.add_argument("--self-check-cost", dest="self_check_cost", action="store_const", const=True,
                    help="also run every op together with the self-check first and off: the check's share of startup")
     p.add_argument("--agreement-prompts", dest="agreement_prompts", type=int, help="teacher-forced prompts (8)")
@@ -569,6 +640,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rerun models already measured at this commit")
     args = p.parse_args(argv)
     try:
+        if args.preset:
+            if args.matrix:
+                raise InputError("--preset and --matrix: give one")
+            if args.preset not in presets():
+                raise InputError(f"--preset {args.preset!r}: no such preset (presets: {', '.join(presets())})")
+            args.matrix = preset_path(args.preset)
         return _run(args)
     except InputError as exc:
         print(f"infera-vllm validate: {exc}", file=sys.stderr)
@@ -606,7 +683,7 @@ def _run(args) -> int:
     if todo:
         failed = _measure_all(todo, doc, opts, judge_options, work, args)
     shown = {"format": FORMAT, "models": [e for e in doc["models"] if e["model"] in {m["name"] for m in models}]}
-    print(json.dumps(shown, indent=1) if args.json else render(shown))
+    print(json.dumps(with_rows(shown), indent=1, default=str) if args.json else render(shown))
     plot_path = args.plot or (os.path.splitext(args.out)[0] + ".png" if args.out else None)
     if plot_path and shown["models"]:
         plot(shown, plot_path)
@@ -622,7 +699,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         gpu = env_info.get("gpu_family") not in (None, "cpu")
         cfg = _read_json(os.path.join(m["path"], "config.json"))
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-        need = max(opts["agreement_tokens"] if not m["dummy"] else 0, opts["prompt_tokens"] + opts["decode_tokens"] + 1)
+        longest = max(prompt_len(opts, b) for b in opts["batches"])
+        need = max(opts["agreement_tokens"] if not m["dummy"] else 0, longest + opts["decode_tokens"] + 1)
         base_llm = {"dtype": "bfloat16", "max_model_len": need + 16, "max_num_seqs": max(opts["batches"]),
                     "enable_prefix_caching": False,
                     **({"gpu_memory_utilization": 0.85} if gpu else
@@ -637,7 +715,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         entry["options"]["rounds"] = opts["rounds"]
         entry["judge_options"], entry["skipped"], entry["ops_run"] = judge_options, skipped, ops
         configs = run_configs(list(ops), gpu=gpu, real=not m["dummy"], base_llm=base_llm,
-                              self_check_cost=bool(opts["self_check_cost"]))
+                              self_check_cost=bool(opts["self_check_cost"]), runs=opts["runs"])
         for c in configs:
             entry["runs"].setdefault(c["label"], {"plugin": c["plugin"], "env": c["env"], "rounds": []})
         for r in range(opts["rounds"]):
@@ -684,7 +762,7 @@ def _write(doc: dict, path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, default=str)
+        json.dump(with_rows(doc), f, indent=1, default=str)
     os.replace(tmp, path)
 
 
