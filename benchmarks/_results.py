@@ -177,3 +177,29 @@ def stream_floor_us(calls: list, rep_ms: int = 20) -> float:
 
         best = min(best, do_bench_cudagraph(replay, rep=rep_ms) * 1e3 / len(calls))
     return best
+
+
+def kernel_times_us(fn, calls: int = 1, reps: int = 10) -> dict | None:
+    """The GPU time of each kernel ``fn`` launches, per call: ``fn`` (which makes ``calls`` calls, e.g. one
+    per cold-L2 rotation) run ``reps`` times eagerly under torch.profiler's CUDA activity, each kernel's total
+    duration / (reps x calls), by kernel name. Kernel durations only: the gaps between launches are not in
+    them (a graph replay's time is). None where the profiler records no CUDA kernels or cannot run (no GPU,
+    no CUPTI): a benchmark's other numbers do not depend on it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # compiled and warm before the trace
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+    except (RuntimeError, AssertionError) as exc:
+        print(f"kernel times not taken: the profiler failed ({exc})", flush=True)
+        return None
+    totals: dict = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total
+    return {name: us / (reps * calls) for name, us in totals.items()} or None

@@ -25,7 +25,8 @@ every KV byte from HBM, as when each layer reads its own cache), so that "% of c
 (B·ctx·Hkv·D·2·2) / time / the copy ceiling measured in the same run (2 GiB bf16 copy, read + written).
 Each row also has ``stream_floor_us``: the same pages, in the same KV copies, read by a plain streaming kernel
 in one launch with nothing else to do (``_results.stream_floor_us``), the time a decode step's traffic takes
-at this size, launch and ramp included; ``ours_pct_stream_floor`` = it / our time.
+at this size, launch and ramp included; ``ours_pct_stream_floor`` = it / our time; ``ours_kernels_us``: each
+of our kernels' GPU time per call (torch.profiler, eager calls: the decode kernel and the reduce apart).
 
 Prefill section (on by default; ``BENCH_PREFILL=0`` skips it), run after the decode table: heads llama3-8b
 (32/8 x 128) and smollm2 (9/3 x 64), block 16, ragged batches (a) plain prefill 1 x 4096, 8 x 1024 and
@@ -82,7 +83,14 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-from _results import copy_ceiling_tb_s, describe_machine, results_dir, stream_floor_us, write_json  # noqa: E402
+from _results import (  # noqa: E402
+    copy_ceiling_tb_s,
+    describe_machine,
+    kernel_times_us,
+    results_dir,
+    stream_floor_us,
+    write_json,
+)
 
 HEADS = {  # name: (Hq, Hkv, D)
     "llama3-8b": (32, 8, 128),
@@ -499,6 +507,9 @@ def bench_row(ops, reference, case: Case, sinks, label: str, ceiling: float, cop
         row[f"{name}_pct_copy"] = pct(case.kv_bytes, res["us"], ceiling)
     row["speedup_vs_fa3"] = ratio(row["fa3_us"], row["ours_us"])
     row["ours_pct_stream_floor"] = None if row["ours_us"] is None else row["stream_floor_us"] / row["ours_us"] * 100
+    if row["ours_ok"]:  # each of our kernels' GPU time per call (the decode kernel, the reduce where it runs)
+        impl = make_ours(ops, case, sinks)
+        row["ours_kernels_us"] = kernel_times_us(lambda: [impl.run(i) for i in range(copies)], calls=copies)
     row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
     row["ours_splits"] = row["ours_info"].get("splits")
     row["triton_path"] = row["triton_info"].get("path")
@@ -525,7 +536,8 @@ def print_row(row: dict) -> None:
         parts.append(f"{name} {fmt(row[f'{name}_us'], '8.1f')} us ({fmt(row[f'{name}_pct_copy'], '5.1f')}%, "
                      f"err {fmt(row[f'{name}_err'], '.1e')}, {ok_flag(row, name)})")
     line = (" | ".join(parts) + f" | splits {row['ours_splits']} triton {row['triton_path']} | stream floor "
-            f"{row['stream_floor_us']:.1f} us")
+            f"{row['stream_floor_us']:.1f} us | kernels "
+            + ", ".join(f"{k[:28]} {v:.1f}" for k, v in (row.get("ours_kernels_us") or {}).items()))
     print(line, flush=True)
     for name in IMPLS:
         if row[f"{name}_error"] and row[f"{name}_error"] != "unavailable":

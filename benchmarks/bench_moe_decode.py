@@ -8,10 +8,12 @@ and the time per call is the replay's over ROTATIONS. Copy and read ceilings mea
 read by a streaming kernel with nothing else to do, replayed the same way, W13's then W2's in two dependent
 launches as the split forms read them (``floor_two_launch_us``) and in one (``floor_one_launch_us``);
 ``infera_pct_floor`` = the two-launch floor / the kernel's time: what is left to gain without removing a
-launch. Blocks from the family's tuning (``tuning/<family>.json`` or
-``INFERA_MOE_DECODE_TUNING``); ``served`` says whether the op takes that (dims, M) in serving (else it hands
-over to vLLM: the production ratio there is 1.0 by construction). Prints a table, writes JSON + a plot under
-``results/<gpu>/`` (or ``--out``).
+launch. Per kernel (``infera_kernels_us``, ``vllm_kernels_us``: each kernel's GPU time per call from
+torch.profiler on eager calls, no launch gaps) beside the floors of each projection's weights read alone
+(``floor_w13_us``, ``floor_w2_us``), to place a loss in one kernel or the other. Blocks from the family's
+tuning (``tuning/<family>.json`` or ``INFERA_MOE_DECODE_TUNING``); ``served`` says whether the op takes that
+(dims, M) in serving (else it hands over to vLLM: the production ratio there is 1.0 by construction). Prints a
+table, writes JSON + a plot under ``results/<gpu>/`` (or ``--out``).
 
     python benchmarks/bench_moe_decode.py [--dims qwen3-30b-a3b,mixtral] [--tokens 1,2,4]
 """
@@ -28,6 +30,7 @@ import torch  # noqa: E402
 from _results import (  # noqa: E402
     copy_ceiling_tb_s,
     describe_machine,
+    kernel_times_us,
     read_ceiling_tb_s,
     results_dir,
     stream_floor_us,
@@ -67,16 +70,20 @@ class Case:
         weights, ids = self.routing[r]
         return fn(self.x[r], self.w13, self.w2, weights, ids)
 
-    def floor_calls(self, launches: int) -> list:
+    def floor_calls(self, launches: int | str) -> list:
         """Each rotation's weight reads as _results.stream_floor_us takes them: the distinct experts' W13
-        regions then their W2 regions, in two launches or in one."""
+        regions then their W2 regions, in two launches or in one; or one projection's alone ("w13", "w2")."""
         _, H, I, _ = DIMS[self.dims]
         calls = []
         for _, ids in self.routing:
             used = torch.unique(ids)
             w13, w2 = (self.w13, used, 2 * I * H), (self.w2, used, H * I)
-            calls.append([[w13], [w2]] if launches == 2 else [[w13, w2]])
+            calls.append({2: [[w13], [w2]], 1: [[w13, w2]], "w13": [[w13]], "w2": [[w2]]}[launches])
         return calls
+
+    def kernels_us(self, fn) -> dict | None:
+        """Each kernel's GPU time per call of ``fn`` over the rotations (_results.kernel_times_us)."""
+        return kernel_times_us(lambda: [self.run(fn, r) for r in range(ROTATIONS)], calls=ROTATIONS)
 
     def time_us(self, fn) -> float:
         from triton.testing import do_bench_cudagraph
@@ -141,6 +148,8 @@ def main() -> int:
                 err = max(err, rel_err(case.run(ours), ref))
             t_ours, t_vllm = case.time_us(ours), case.time_us(theirs)
             floor2, floor1 = stream_floor_us(case.floor_calls(2)), stream_floor_us(case.floor_calls(1))
+            floor13, floor_w2 = stream_floor_us(case.floor_calls("w13")), stream_floor_us(case.floor_calls("w2"))
+            k_ours, k_vllm = case.kernels_us(ours), case.kernels_us(theirs)
             tbs = case.bytes / 1e6  # MB / us = TB/s
             row = {"dims": name, "E": E, "H": H, "I": I, "topk": K, "M": M, "distinct_experts": case.distinct,
                    "bytes": case.bytes, "infera_us": t_ours, "vllm_us": t_vllm, "speedup": t_vllm / t_ours,
@@ -148,6 +157,8 @@ def main() -> int:
                    "vllm_pct_copy": tbs / t_vllm / copy * 100, "vllm_pct_read": tbs / t_vllm / read * 100,
                    "floor_two_launch_us": floor2, "floor_one_launch_us": floor1,
                    "infera_pct_floor": floor2 / t_ours * 100, "vllm_pct_floor": floor2 / t_vllm * 100,
+                   "floor_w13_us": floor13, "floor_w2_us": floor_w2, "infera_kernels_us": k_ours,
+                   "vllm_kernels_us": k_vllm,
                    "max_rel_err": err, "served": bool(tuned and tuned.serves(M, E, H, I, K)), "config": cfg.as_dict()}
             rows.append(row)
             print(f"{name:<17} M={M:<3} experts={case.distinct:<5.1f} infera {t_ours:8.1f} us "
@@ -156,6 +167,9 @@ def main() -> int:
                   f"({row['infera_pct_floor']:.0f}%) rel.err {err:.1e}"
                   f"{'' if row['served'] else ' (handed over in serving)'}",
                   flush=True)
+            print(f"    kernels (W13 alone {floor13:.1f} us, W2 alone {floor_w2:.1f}): infera "
+                  + ", ".join(f"{k[:40]} {v:.1f}" for k, v in (k_ours or {}).items())
+                  + " | vllm " + ", ".join(f"{k[:40]} {v:.1f}" for k, v in (k_vllm or {}).items()), flush=True)
         del weights
         torch.cuda.empty_cache()
     out_dir = args.out or results_dir(machine)
