@@ -382,14 +382,16 @@ def test_startup_and_the_self_check_cost():
 def test_presets_are_the_end_to_end_benchmarks():
     """Each preset is a matrix file of the plugin whose models are the e2e benchmark's configs (the context
     limit raised to the preset's longest prompt where needed) and whose options are validate's."""
-    assert validate.presets() == ["attn-paged-h200", "moe-decode-h200"]
+    assert validate.presets() == ["attn-paged-h200", "moe-decode-h200", "smollm2"]
     attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
     moe = _load(ROOT / "benchmarks" / "e2e_moe_decode.py", "e2e_moe_decode")
     for name in validate.presets():
         preset = json.loads(Path(validate.preset_path(name)).read_text())
         assert preset["format"] == validate.MATRIX_FORMAT and set(preset["options"]) <= set(validate.DEFAULTS)
         opts = preset["options"]
-        assert opts["runs"][:2] == ["off", "off2"] and opts["runs"][2:] == opts["ops"]
+        assert "runs" not in opts or (opts["runs"][:2] == ["off", "off2"] and opts["runs"][2:] == opts["ops"])
+        if "config" not in preset["models"][0]:
+            continue
         longest = max(validate.prompt_len(opts, b) for b in opts["batches"])
         for m in preset["models"]:
             assert m["config"]["max_position_embeddings"] >= longest + opts["decode_tokens"] + 1 + 16, (name, m)
@@ -403,6 +405,9 @@ def test_presets_are_the_end_to_end_benchmarks():
     assert preset["models"][0]["config"] == json.loads(json.dumps(moe.QWEN3_30B_A3B))
     assert preset["options"]["batches"] == list(moe.PRESETS["h200"]["batches"])
     assert preset["options"]["prompt_tokens"] == moe.PROMPT_TOKENS
+    matrix = json.loads((ROOT / "benchmarks" / "validation" / "matrix.json").read_text())
+    preset = json.loads(Path(validate.preset_path("smollm2")).read_text())  # the matrix's entry, in the wheel
+    assert preset["models"] == [matrix["models"][0]] and preset["options"] == matrix["options"]
 
 
 def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_engine, tmp_path, monkeypatch):
