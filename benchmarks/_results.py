@@ -149,11 +149,11 @@ def stream_regions(launch: list, programs: int, block: int, warps: int = 4, stag
     partial sums (their total is the sum of every element read)."""
     import torch
 
-    (a, a_ids, a_per), (b, b_ids, b_per) = launch[0], (launch[1] if len(launch) > 1 else (launch[0][0],
-                                                                                        launch[0][1], 0))
+    a, a_ids, a_per = launch[0]
+    b, b_ids, b_per = launch[1] if len(launch) > 1 else (a, a_ids, 0)  # no second segment: none of it read
     part = torch.empty(programs, dtype=torch.float32, device=a.device)
-    _stream_regions_kernel()[(programs,)](a, a_ids, a_ids.numel(), a_per, b, b_ids, b_ids.numel() if b_per else 0,
-                                          b_per, part, BLOCK=block, num_warps=warps, num_stages=stages)
+    _stream_regions_kernel()[(programs,)](a, a_ids, a_ids.numel(), a_per, b, b_ids, b_ids.numel(), b_per, part,
+                                          BLOCK=block, num_warps=warps, num_stages=stages)
     return part
 
 

@@ -413,7 +413,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tests-timeout", type=float, default=300)
     switch(s, "bench", True, "the kernels against vLLM's fused_experts")
     s.add_argument("--bench-args", default="", help="more bench_moe_decode.py arguments, e.g. '--dims mixtral'")
-    s.add_argument("--bench-timeout", type=float, default=300)
+    s.add_argument("--bench-timeout", type=float, default=480)  # every row also times four traffic floors
     s = step("moe-e2e")
     s.add_argument("--rounds", type=int, default=2)
     s.add_argument("--tuning", default=MOE_TUNING)

@@ -597,14 +597,16 @@ def _prompt_tokens(value, batches: list[int]):
     return int(value)
 
 
+PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
+
+
 def presets() -> list[str]:
     """The matrix files shipped in ``infera_vllm/presets/`` (the end-to-end benchmarks as validate runs)."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
-    return sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".json")) if os.path.isdir(folder) else []
+    return sorted(n[:-5] for n in os.listdir(PRESETS) if n.endswith(".json")) if os.path.isdir(PRESETS) else []
 
 
 def preset_path(name: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets", f"{name}.json")
+    return os.path.join(PRESETS, f"{name}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
