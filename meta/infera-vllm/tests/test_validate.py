@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parents[3]
 VERDICTS = {"faster", "neutral", "slower", "disagrees", "agrees", "unjudged", "error"}
 
 
+def test_throughput_is_the_fastest_repeat_so_a_stall_does_not_count():
+    """Two of three repeats stalled (one prefill-only generation by 1 s, one full generation by 0.7 s): the
+    estimate is that of the clean repeat, every repeat's figures are kept, and a repeat whose full generation
+    did not outlast its prefill gives no decode figure of its own."""
+    got = validate.timed_throughput(4, 32, 128, t_pre=[0.05, 1.05, 0.05], t_full=[0.55, 0.55, 1.25])
+    assert got["prefill"] == pytest.approx(4 * 32 / 0.05)
+    assert got["decode"] == pytest.approx(4 * 128 / 0.5)
+    assert got["prefill_all"] == pytest.approx([4 * 32 / 0.05, 4 * 32 / 1.05, 4 * 32 / 0.05])
+    assert got["decode_all"] == pytest.approx([4 * 128 / 0.5, 4 * 128 / 1.2])
+    assert (got["prefill_s_all"], got["full_s_all"]) == ([0.05, 1.05, 0.05], [0.55, 0.55, 1.25])
+    assert validate.timed_throughput(1, 8, 8, t_pre=[0.3], t_full=[0.2])["decode"] is None
+
+
 def _round(decode: float, prefill: float = 100.0, batches=(1, 16)) -> dict:
     return {"batches": {str(b): {"decode": decode, "prefill": prefill} for b in batches}, "seconds": 1.0}
 

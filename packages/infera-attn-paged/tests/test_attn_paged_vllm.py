@@ -238,6 +238,13 @@ def _check_entry(bucket):
     return coverage.self_check_entry("attn-paged", bucket)
 
 
+def _passed(entry) -> bool:
+    """One check, passed, within the bound. The error may be exactly 0: with vLLM's FA3 as the reference (the
+    H200) both kernels round these short sequences' outputs to the same bf16 values; that the comparison
+    can fail is what the perturbed cases show."""
+    return (entry["checked"], entry["passed"], entry["failed"]) == (1, 1, 0) and entry["max_error"] < 3e-2
+
+
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
 def test_self_check_passes_the_kernel_as_it_is(vllm_config, monkeypatch, self_checked, kind):
     """The first call of a bucket also runs vLLM's implementation (the parent's Triton attention; on the CPU
@@ -259,8 +266,7 @@ def test_self_check_passes_the_kernel_as_it_is(vllm_config, monkeypatch, self_ch
     impl.forward(Scales(), q, None, None, kv_cache, md, out)
     assert (out.float() - ref).abs().max() < 2e-2
     entry = _check_entry(bucket)
-    assert (entry["checked"], entry["passed"], entry["failed"]) == (1, 1, 0)
-    assert 0 < entry["max_error"] < 3e-2, entry
+    assert _passed(entry), entry
     assert _counts()[("kernel", "", bucket.split()[1], "call")] == before + 1
 
 
@@ -298,7 +304,7 @@ def test_self_check_catches_a_wrong_kernel_and_hands_the_bucket_to_vllm(vllm_con
 def test_self_check_on_an_empty_cache_fills_the_blocks_then_restores_them(vllm_config, self_checked, perturb):
     """vLLM's warm-up batches read a cache with no keys or values yet: both outputs are zero and prove
     nothing. The check then runs both kernels on random keys and values in the call's own blocks (and puts
-    the blocks back): a correct kernel passes with a non-zero error, a wrong one is caught; the call's own
+    the blocks back): a correct kernel passes, a wrong one is caught; the call's own
     output stays what it was (zeros), and the rest of the cache is untouched."""
     lens = [50, 1, 33, 100, 7]
     md, kv_cache, block_table = _decode_batch(vllm_config, lens)
@@ -313,16 +319,15 @@ def test_self_check_on_an_empty_cache_fills_the_blocks_then_restores_them(vllm_c
     if perturb:
         assert (entry["checked"], entry["failed"]) == (1, 1) and check.declined("decode 5-8"), entry
     else:
-        assert (entry["checked"], entry["passed"]) == (1, 1) and 0 < entry["max_error"] < 3e-2, entry
+        assert _passed(entry), entry
 
 
 @pytest.mark.parametrize("perturb", ["", "attn-paged"])
 def test_self_check_lengthens_one_key_decode_batches(vllm_config, self_checked, perturb):
     """vLLM's warm-up decode batches give each sequence one key: attention is then a copy of its value in any
     kernel, so the check runs both kernels with every sequence lengthened to as many keys as its block-table
-    row holds, on random keys and values in those blocks (put back after): a correct kernel passes with a
-    non-zero error, a wrong one is caught and the call returns vLLM's result; the call's own output is the
-    one-key answer."""
+    row holds, on random keys and values in those blocks (put back after): a correct kernel passes, a wrong
+    one is caught and the call returns vLLM's result; the call's own output is the one-key answer."""
     lens = [1] * 5
     md, kv_cache, block_table = _decode_batch(vllm_config, lens, pages=6)
     md.max_seq_len = 6 * PAGE  # as vLLM 0.26's warm-up metadata states it: the lengths tensor is what counts
@@ -339,7 +344,7 @@ def test_self_check_lengthens_one_key_decode_batches(vllm_config, self_checked, 
     if perturb:
         assert (entry["checked"], entry["failed"]) == (1, 1) and check.declined("decode 5-8"), entry
     else:
-        assert (entry["checked"], entry["passed"]) == (1, 1) and 0 < entry["max_error"] < 3e-2, entry
+        assert _passed(entry), entry
 
 
 def test_kv_cache_update_writes_vllms_slots(vllm_config):
