@@ -17,7 +17,7 @@ import pytest
 from infera_vllm import cli, model_sites, validate
 
 ROOT = Path(__file__).resolve().parents[3]
-VERDICTS = {"faster", "neutral", "slower", "disagrees", "agrees", "unjudged", "error"}
+VERDICTS = {"faster", "neutral", "slower", "disagrees", "agrees", "unjudged", "error", "pending"}
 
 
 def test_throughput_is_the_fastest_repeat_so_a_stall_does_not_count():
@@ -59,15 +59,18 @@ def test_verdicts_against_the_off_vs_off_spread():
         slow=([_round(94.0), _round(95.0)], _agree(1.0)),          # -6.9%
         wrong=([_round(120.0), _round(120.0)], _agree(0.95)),      # fast but below 1.0 - 0.025
         broken=([{"error": "exit 1: boom", "seconds": 3.0}], {}),
+        later=([], {}),                                            # planned, its call's budget ended first
     )))
     rows = {r["run"]: r for r in j["rows"]}
     assert {k: r["verdict"] for k, r in rows.items()} == {"fast": "faster", "same": "neutral", "slow": "slower",
-                                                          "wrong": "disagrees", "broken": "error"}
+                                                          "wrong": "disagrees", "broken": "error",
+                                                          "later": "pending"}
     assert j["noise"]["decode"]["1"] == pytest.approx(4 / 101.5)  # (max - min) / median of off and off2 rounds
     assert rows["fast"]["ratios"]["decode"]["16"] == pytest.approx(111 / 101.5)
     assert j["thresholds"] == {"min_effect": 0.02, "agreement_tolerance": 0.025, "agreement_floor": 0.975,
                                "attention_agreement_floor": 0.975}
     assert "boom" in rows["broken"]["note"]
+    assert "not run yet" in rows["later"]["note"]
 
 
 def test_min_effect_applies_when_plugin_off_is_quiet_and_slower_outranks_faster():

@@ -251,7 +251,8 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     Agreement (real weights): the run's teacher-forced top-1 agreement with ``off`` must reach
     off-vs-off2's minus ``tolerance`` (for attention, or vLLM's TRITON_ATTN's agreement where that is
     lower), else ``disagrees``, which outranks the rest. Without meaningful throughput (the CPU) the verdict
-    is ``agrees``/``disagrees``, or ``unjudged`` with dummy weights; a run that failed is ``error``.
+    is ``agrees``/``disagrees``, or ``unjudged`` with dummy weights; a run that failed is ``error``, one not
+    measured yet (a call's budget ended before it) ``pending``.
     """
     runs = entry["runs"]
     offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
@@ -281,7 +282,11 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         good = [r for r in run.get("rounds", []) if "batches" in r]
         if not good:
             errors = [r.get("error", "") for r in run.get("rounds", [])]
-            rows.append({**row, "verdict": "error", "note": (errors[-1] if errors else "not run")[:300]})
+            if not errors:  # in the plan, not measured yet: a call's budget ended before it
+                rows.append({**row, "verdict": "pending", "note": "not run yet: the call's budget ended before it; "
+                             "the same command runs it (measured runs are kept)"})
+                continue
+            rows.append({**row, "verdict": "error", "note": errors[-1][:300]})
             continue
         points = []
         for metric in row["ratios"]:
