@@ -32,7 +32,35 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _results import describe_machine, results_dir, write_json  # noqa: E402
-from e2e_moe_decode import QWEN3_30B_A3B, _agreement, _median, weight_bytes_per_step  # noqa: E402
+
+from infera_vllm.harness import median as _median  # noqa: E402
+from infera_vllm.validate import preset_path  # noqa: E402
+
+# Qwen3-30B-A3B's config.json (the fields vLLM reads), as the plugin's moe-decode-h200 preset has it
+QWEN3_30B_A3B = json.loads(open(preset_path("moe-decode-h200")).read())["models"][0]["config"]
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Share of equal top-1s over the prompts' positions, and each prompt's first differing position."""
+    same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    total = sum(len(r) for r in a)
+    first = [next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None) for ra, rb in zip(a, b)]
+    return {"agreement": same / total, "first_divergence": first}
+
+
+def weight_bytes_per_step(cfg: dict, batch: int) -> float:
+    """Bytes of weights one decode step of ``batch`` tokens reads (bf16): attention per layer, the MLP (for
+    MoE: the router and the expected number of distinct experts under uniform routing), the LM head."""
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    if "num_experts" in cfg:
+        experts, k = cfg["num_experts"], cfg["num_experts_per_tok"]
+        distinct = experts * (1 - (1 - k / experts) ** batch)
+        mlp = h * experts + distinct * 3 * cfg["moe_intermediate_size"] * h
+    else:
+        mlp = 3 * cfg["intermediate_size"] * h
+    return 2.0 * (layers * (h * (q + 2 * kv) + q * h + mlp) + cfg["vocab_size"] * h)
 
 DENSE = dict(tie_word_embeddings=False, hidden_act="silu", torch_dtype="bfloat16", rms_norm_eps=1e-5,
              max_position_embeddings=8192, bos_token_id=1, eos_token_id=2)

@@ -223,13 +223,6 @@ def step_moe(r: Runner, a) -> None:
               log="bench_moe_decode.log", timeout=a.bench_timeout)
 
 
-def step_moe_e2e(r: Runner, a) -> None:
-    """Qwen3-30B-A3B-shaped model, plugin on and off in alternating rounds (benchmarks/e2e_moe_decode.py)."""
-    r.use_tuning("INFERA_MOE_DECODE_TUNING", a.tuning)
-    r.run(py("benchmarks/e2e_moe_decode.py", "--preset", "h200", "--rounds", a.rounds, "--out", r.out),
-          log="e2e_moe_decode.log", timeout=a.timeout, tail=40)
-
-
 def step_norm(r: Runner, a) -> None:
     """infera-norm's tests, then its kernels against vllm_c and compiled native (benchmarks/bench_norm.py);
     --tune runs the launch sweep (benchmarks/tune_norm.py) instead of the benchmark."""
@@ -367,7 +360,7 @@ def write_config(name: str, directory: str, dry_run: bool = False, **overrides) 
 
 
 STEPS = {
-    "tests": step_tests, "attn": step_attn, "attn-e2e": step_attn_e2e, "moe": step_moe, "moe-e2e": step_moe_e2e,
+    "tests": step_tests, "attn": step_attn, "attn-e2e": step_attn_e2e, "moe": step_moe,
     "norm": step_norm, "norm-numerics": step_norm_numerics, "norm-e2e": step_norm_e2e, "linear": step_linear,
     "foundation": step_foundation, "self-check": step_self_check, "validate": step_validate,
     "parallel": step_parallel, "linear-norm-x2": step_linear_norm_x2, "aot-check": step_aot_check,
@@ -416,10 +409,6 @@ def parser() -> argparse.ArgumentParser:
     switch(s, "bench", True, "the kernels against vLLM's fused_experts")
     s.add_argument("--bench-args", default="", help="more bench_moe_decode.py arguments, e.g. '--dims mixtral'")
     s.add_argument("--bench-timeout", type=float, default=480)  # every row also times four traffic floors
-    s = step("moe-e2e")
-    s.add_argument("--rounds", type=int, default=2)
-    s.add_argument("--tuning", default=MOE_TUNING)
-    s.add_argument("--timeout", type=float, default=560)
     s = step("norm")
     s.add_argument("--tune", action="store_true", help="the launch sweep instead of the benchmark")
     s.add_argument("--tests-timeout", type=float, default=300)

@@ -18,7 +18,6 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
                                                       " --passes 3,5"),
     "attn-e2e": (["--models", "qwen3-8b"], "e2e_attn_paged.py --preset h200 --rounds 2 --models qwen3-8b"),
     "moe": (["--tune", "--tune-args=--forms split", "--tests"], "tune_moe_decode.py --out"),
-    "moe-e2e": ([], "e2e_moe_decode.py --preset h200 --rounds 2"),
     "norm": (["--tune"], "tune_norm.py"),
     "norm-numerics": ([], "norm_numerics.py"),
     "norm-e2e": ([], "--preset h200-norm --rounds 2"),
