@@ -10,9 +10,13 @@
    the highest geometric mean of the speedup over vLLM across the dims (one file serves every model: the
    ``min_programs`` rule fits BLOCK_I to each model's expert size); candidates with a wrong answer excluded;
    ``--baseline FILE`` adds that tuning file's launch for each M as one more candidate (a re-tune of one form
-   keeps what the others had won);
+   keeps what the others had won); ``--reuse TUNE.json`` takes every candidate's times from an earlier run's
+   JSON (its ``swept`` section) instead of sweeping, so a change to the rules below costs only step 4;
 3. write ``tuning/<family>.json``: ``by_tokens`` = each M's best launch; ``by_shape`` = per dims and M the
-   fastest of the forms' bests (and the baseline's) where that is not ``by_tokens``'s; ``served`` = per dims
+   fastest of the forms' bests (and the baseline's) where that is not ``by_tokens``'s, or the fastest of
+   every candidate timed where that is at least SPECIALIST_MARGIN faster still (the geometric mean over the
+   dims picks the forms' bests, so a launch best for one expert shape alone is otherwise lost; the margin
+   keeps a single lucky timing from being chosen, and step 4 times it again); ``served`` = per dims
    the M at which its launch is at least MIN_SPEEDUP x vLLM (so a serving call is never slower);
    ``max_tokens`` (for expert shapes not measured here) = the largest M up to which every dims is served;
 4. re-profile through the written file's own lookup on fresh inputs: a served (dims, M) that is slower than
@@ -21,7 +25,7 @@
    candidate's time per dims and M too) under results/<gpu>/.
 
     python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent,split_sum]
-                                         [--baseline tuning.json] [--out DIR]
+                                         [--baseline tuning.json] [--reuse tune_moe_decode.json] [--out DIR]
 
 The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_DECODE_TUNING.
 """
@@ -43,6 +47,7 @@ from bench_moe_decode import DIMS, Case, make_weights, rel_err, vllm_experts  # 
 
 TOKENS = (1, 2, 4, 8, 16)
 MIN_SPEEDUP = 1.02  # served where the kernel is at least this much faster than vLLM's in the same run
+SPECIALIST_MARGIN = 0.01  # a launch fastest on one dims alone replaces the forms' best there if this much faster
 PASSES = 1
 FUSED_UP_TO = 4  # the fused form is tried up to this M (its fp32 partials grow with M·TOPK·I/BLOCK_I)
 SPLIT_START = dict(form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=4,
@@ -99,6 +104,35 @@ class Scorer:
         return self.seen[key]
 
 
+class RecordedScorer:
+    """A Scorer's answers from an earlier run's JSON (``swept[M]``): the candidates' geometric means and
+    times per dims, vLLM's times; nothing is run (a launch not recorded scores as failed)."""
+
+    def __init__(self, record: dict):
+        if list(record["dims"]) != list(DIMS):
+            raise ValueError(f"--reuse: recorded dims {record['dims']} are not this benchmark's {list(DIMS)}")
+        self.vllm_us = list(record["vllm_us"])
+        self.seen = {tuple(sorted(c["params"].items())): (c["geomean_speedup"], c["us"]) for c in record["candidates"]}
+
+    def __call__(self, params: dict) -> tuple[float, list[float]]:
+        return self.seen.get(tuple(sorted(params.items())), (0.0, [float("inf")] * len(DIMS)))
+
+    def best_of(self, form: str) -> dict | None:
+        """The recorded candidate of ``form`` with the highest geometric mean (what its descent chose)."""
+        mine = [(sc, dict(key)) for key, (sc, _) in self.seen.items() if dict(key).get("form") == form]
+        return max(mine, key=lambda sp: sp[0])[1] if mine else None
+
+
+def specialist(seen: dict, i: int, chosen_us: float, margin: float = SPECIALIST_MARGIN) -> dict | None:
+    """The candidate fastest on dims ``i`` among every one timed (``seen``: params key -> (score, times)),
+    if it is at least ``margin`` faster there than ``chosen_us`` (the forms' best on that dims); else None."""
+    timed = [(times[i], dict(key)) for key, (_, times) in seen.items() if times[i] < float("inf")]
+    if not timed:
+        return None
+    t, params = min(timed, key=lambda tp: tp[0])
+    return params if t < chosen_us * (1 - margin) else None
+
+
 def served_everywhere(served: dict, tokens) -> int:
     """For shapes not measured: the largest M up to which every measured dims is served (0: none)."""
     max_tokens = 0
@@ -109,7 +143,7 @@ def served_everywhere(served: dict, tokens) -> int:
     return max_tokens
 
 
-def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None) -> dict:
+def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None, reuse: dict | None = None) -> dict:
     from infera_ops.moe_decode import tuning
     from infera_vllm.platform import detect_gpu_family
 
@@ -123,31 +157,43 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         os.environ["INFERA_MOE_DECODE_TUNING"] = baseline
         base = tuning.load(family)
     for M in tokens:
-        score = Scorer(weights, M, gen)
-        def cost(p, score=score):  # the geometric-mean speedup over vLLM, highest first
-            return -score(p)[0]
+        if reuse is not None:
+            if str(M) not in reuse:
+                raise ValueError(f"--reuse: no recorded sweep at M={M}")
+            score = RecordedScorer(reuse[str(M)])
+            split, fused, persistent, split_sum = (score.best_of(f) if f in forms else None
+                                                   for f in ("split", "fused", "persistent", "split_sum"))
+        else:
+            score = Scorer(weights, M, gen)
 
-        split = descend(cost, SPLIT_START, SPLIT_SPACE, PASSES) if "split" in forms else None
-        fused = descend(cost, FUSED_START, FUSED_SPACE, PASSES) if "fused" in forms and M <= FUSED_UP_TO else None
-        persistent = descend(cost, PERSISTENT_START, PERSISTENT_SPACE, PASSES) if "persistent" in forms else None
-        split_sum = (descend(cost, SPLIT_SUM_START, SPLIT_SUM_SPACE, PASSES)
-                     if "split_sum" in forms and M <= SPLIT_SUM_UP_TO else None)
+            def cost(p, score=score):  # the geometric-mean speedup over vLLM, highest first
+                return -score(p)[0]
+
+            split = descend(cost, SPLIT_START, SPLIT_SPACE, PASSES) if "split" in forms else None
+            fused = (descend(cost, FUSED_START, FUSED_SPACE, PASSES)
+                     if "fused" in forms and M <= FUSED_UP_TO else None)
+            persistent = descend(cost, PERSISTENT_START, PERSISTENT_SPACE, PASSES) if "persistent" in forms else None
+            split_sum = (descend(cost, SPLIT_SUM_START, SPLIT_SUM_SPACE, PASSES)
+                         if "split_sum" in forms and M <= SPLIT_SUM_UP_TO else None)
         kept = base.config_for(M).as_dict() if base else None
+        if kept is not None and reuse is not None and tuple(sorted(kept.items())) not in score.seen:
+            kept = None  # not timed in the recorded run: no time to compare
         candidates = list(filter(None, (fused, split, persistent, split_sum, kept)))
         best = max(candidates, key=lambda p: score(p)[0])
         gm, _ = score(best)
         by_tokens[str(M)] = best
-        for i, (case, v) in enumerate(zip(score.cases, score.vllm_us)):
+        for i, (dims, v) in enumerate(zip(DIMS, score.vllm_us)):
             mine = min(candidates, key=lambda p: (score(p)[1][i], p != best))  # ties keep the common one
+            mine = specialist(score.seen, i, score(mine)[1][i]) or mine
             t = score(mine)[1][i]
             if mine != best:
-                by_shape.setdefault(tuning.shape_key(*DIMS[case.dims]), {})[str(M)] = mine
+                by_shape.setdefault(tuning.shape_key(*DIMS[dims]), {})[str(M)] = mine
             bests = {f"{name}_best_us": score(p)[1][i] if p else None
                      for name, p in (("split", split), ("fused", fused), ("persistent", persistent),
                                      ("split_sum", split_sum), ("baseline", kept))}
-            rows.append({"dims": case.dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": mine,
+            rows.append({"dims": dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": mine,
                          **bests})
-            print(f"M={M:<3} {case.dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("
+            print(f"M={M:<3} {dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("
                   + ", ".join(f"{k[:-8]} {u:.1f}" for k, u in bests.items() if u is not None) + ")", flush=True)
         print(f"M={M:<3} geomean x{gm:.3f} over {len(score.seen)} candidates: {best}", flush=True)
         swept[str(M)] = {"dims": list(DIMS), "vllm_us": score.vllm_us,
@@ -207,6 +253,8 @@ def main() -> int:
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated forms to tune")
     parser.add_argument("--baseline", default=None, help="a tuning file whose launch per M is one more candidate")
+    parser.add_argument("--reuse", default=None,
+                        help="an earlier run's tune_moe_decode.json: its candidates' times instead of a sweep")
     parser.add_argument("--out", default=None, help="results directory (default results/<gpu>/)")
     args = parser.parse_args()
     machine = describe_machine()
@@ -214,7 +262,11 @@ def main() -> int:
     forms = tuple(args.forms.split(","))
     if not set(forms) <= set(FORMS):
         parser.error(f"--forms: expected some of {', '.join(FORMS)}")
-    result = tune(tuple(int(t) for t in args.tokens.split(",")), args.write, out, forms, args.baseline)
+    reuse = None
+    if args.reuse:
+        with open(args.reuse) as f:
+            reuse = json.load(f)["swept"]
+    result = tune(tuple(int(t) for t in args.tokens.split(",")), args.write, out, forms, args.baseline, reuse)
     path = write_json(out, "tune_moe_decode", {"benchmark": "tune_moe_decode", "machine": machine, **result})
     print(f"wrote {path}")
     return 0
