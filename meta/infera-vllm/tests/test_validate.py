@@ -399,13 +399,14 @@ def test_presets_are_the_end_to_end_benchmarks():
     """Each preset is a matrix file of the plugin whose models are the e2e benchmarks' configs (the context
     limit raised to the preset's longest prompt where needed) and whose options are validate's; the
     moe-decode preset's model is the one e2e_parallel.py serves."""
-    assert validate.presets() == ["attn-paged-h200", "moe-decode-h200", "smollm2"]
+    assert validate.presets() == ["attn-paged-h200", "moe-decode-h200", "norm-qwen3-h200", "smollm2"]
     attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
     for name in validate.presets():
         preset = json.loads(Path(validate.preset_path(name)).read_text())
         assert preset["format"] == validate.MATRIX_FORMAT and set(preset["options"]) <= set(validate.DEFAULTS)
         opts = preset["options"]
-        assert "runs" not in opts or (opts["runs"][:2] == ["off", "off2"] and opts["runs"][2:] == opts["ops"])
+        assert "runs" not in opts or (opts["runs"][:2] == ["off", "off2"]
+                                      and opts["runs"][2:] == opts["ops"] + list(opts.get("extra_runs", {})))
         if "config" not in preset["models"][0]:
             continue
         longest = max(validate.prompt_len(opts, b) for b in opts["batches"])
@@ -420,6 +421,10 @@ def test_presets_are_the_end_to_end_benchmarks():
     parallel = _load(ROOT / "benchmarks" / "e2e_parallel.py", "e2e_parallel")  # its MoE model is the preset's
     preset = json.loads(Path(validate.preset_path("moe-decode-h200")).read_text())
     assert preset["models"][0]["config"] == parallel.MODELS["qwen3-30b-a3b"]
+    attn_qwen3 = json.loads(Path(validate.preset_path("attn-paged-h200")).read_text())["models"][1]
+    (norm_qwen3,) = json.loads(Path(validate.preset_path("norm-qwen3-h200")).read_text())["models"]
+    assert {**norm_qwen3["config"], "max_position_embeddings": None} == {**attn_qwen3["config"],
+                                                                          "max_position_embeddings": None}
     matrix = json.loads((ROOT / "benchmarks" / "validation" / "matrix.json").read_text())
     preset = json.loads(Path(validate.preset_path("smollm2")).read_text())  # the matrix's entry, in the wheel
     assert preset["models"] == [matrix["models"][0]] and preset["options"] == matrix["options"]
@@ -440,6 +445,46 @@ def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_en
     rows = [r for r in entry["rows"] if r["run"] == "norm"]
     assert [(r["batch"], r["prompt_tokens"]) for r in rows] == [(1, 16384), (16, 8192), (64, 2048), (256, 512)]
     assert all(r["decode_ratio"] == 1.0 and r["prefill_ratio"] == 1.0 and r["model"] == "qwen3-8b" for r in rows)
+
+
+def test_a_presets_own_run_is_its_op_with_more_switches(fake_engine, tmp_path, monkeypatch):
+    """norm-qwen3-h200's norm-heads-kernel: norm alone with INFERA_NORM_PER_HEAD_KERNEL=1, judged and shown as
+    norm's; a preset's run about an op that does not run on the model is listed as not run, with why."""
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    envs = []
+    spawn = validate._spawn
+    monkeypatch.setattr(validate, "_spawn", lambda cfg, env, work: (envs.append(dict(env)), spawn(cfg, env, work))[1])
+    out = tmp_path / "v.json"
+    assert validate.main(["--preset", "norm-qwen3-h200", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
+    assert fake_engine == ["off", "off", "norm", "norm"]
+    assert envs[3]["INFERA_NORM_PER_HEAD_KERNEL"] == "1" and "INFERA_NORM_PER_HEAD_KERNEL" not in envs[2]
+    (entry,) = json.loads(out.read_text())["models"]
+    assert entry["runs"]["norm-heads-kernel"]["op"] == "norm"
+    rows = {r["run"]: r for r in validate.judge(entry)["rows"]}
+    assert rows["norm-heads-kernel"]["verdict"] == "neutral"
+    configs = validate.run_configs(["attn-paged"], gpu=True, real=False, base_llm={"seed": 0},
+                                   extra_runs={"norm-x": {"op": "norm", "env": {"A": "1"}},
+                                               "attn-x": {"op": "attn-paged", "env": {"B": "2"}, "llm": {"x": 1}}})
+    (attn_x,) = [c for c in configs if c["label"] == "attn-x"]
+    assert attn_x == {"label": "attn-x", "plugin": True, "op": "attn-paged", "llm": {"seed": 0, "x": 1},
+                      "env": {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1", "B": "2"}}
+    assert "norm-x" not in [c["label"] for c in configs]  # norm takes no layers here
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"off3": {"op": "norm"}}, "built-in run's label"),
+    ({"norm": {"op": "norm"}}, "built-in run's label"),
+    ({"x": {"env": {}}}, "'op' required"),
+    ({"x": {"op": "norm", "when": 1}}, "'op' required"),
+    ({"x": {"op": "norm", "env": {"INFERA_VLLM_OPS": "attn-paged"}}}, "without INFERA_VLLM_OPS"),
+    ({"x": {"op": "norm", "env": {"A": 1}}}, "switch -> string"),
+])
+def test_a_presets_own_runs_are_checked(tmp_path, capsys, extra, message):
+    matrix = tmp_path / "m.json"
+    matrix.write_text(json.dumps({"format": validate.MATRIX_FORMAT, "options": {"extra_runs": extra},
+                                  "models": [{"name": "m", "config": {"architectures": ["LlamaForCausalLM"]}}]}))
+    assert cli.main(["validate", "--matrix", str(matrix)]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_prompt_lengths_and_presets_are_checked(tmp_path, capsys):

@@ -34,7 +34,9 @@ MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
 MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the off-vs-off spread, if larger)
 AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
 DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, rounds=2, tp=1,
-                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None)
+                agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None,
+                extra_runs={})
+EXTRA_RUN_KEYS = {"op", "env", "llm"}  # a preset's own run: the op it is about, its switches, its vLLM arguments
 # what "this op alone" needs beyond INFERA_VLLM_OPS=<op>: attn-paged serves only as the automatic attention choice
 ALONE_ENV = {"attn-paged": {"INFERA_ATTN_PAGED_DEFAULT": "1"}}
 _SELECTION = ("INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE", "INFERA_VLLM_OPS_DISABLE")
@@ -207,9 +209,12 @@ def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str],
 
 
 def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_check_cost: bool = False,
-                runs: list[str] | None = None) -> list[dict]:
+                runs: list[str] | None = None, extra_runs: dict | None = None) -> list[dict]:
     """The configurations of one model, in the order each round runs them; ``runs``: only those labels
-    (``off`` always: every ratio is against it). ``self_check_cost``: every op
+    (``off`` always: every ratio is against it). ``extra_runs`` (a preset's own runs, label -> {``op``,
+    ``env``, ``llm``}): each is its op alone as validate runs it, with the given switches and vLLM arguments
+    on top (e.g. one op's alternative setting beside its default), judged like the op's own run; one about
+    an op that takes no layers of the model is left out. ``self_check_cost``: every op
     that takes layers here together (``every-op``: ``INFERA_VLLM_OPS`` = all of ``ops``, each op's alone
     switches too, the check ``first``) and the same with the check off (``every-op-nocheck``), so the check's
     share of startup is measured where every op that can serve this model does. That pair runs right after
@@ -231,6 +236,11 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
     configs.append({"label": "default", "plugin": True, "env": {}, "llm": {}})
     configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
                 for op in ops]
+    for label, extra in (extra_runs or {}).items():
+        if extra["op"] in ops:
+            configs.append({"label": label, "plugin": True, "op": extra["op"],
+                            "env": {"INFERA_VLLM_OPS": extra["op"], **ALONE_ENV.get(extra["op"], {}),
+                                    **extra.get("env", {})}, "llm": dict(extra.get("llm", {}))})
     if runs is not None:
         configs = [c for c in configs if c["label"] == "off" or c["label"] in runs]
     for c in configs:
@@ -315,9 +325,10 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             verdict = "neutral"
         cov = (run.get("coverage") or {})
         whole_set = _whole_set(label)
-        served = [op for op in (sorted(cov) if whole_set else [label]) if _served(cov.get(op))]
+        op = run.get("op", label)
+        served = [o for o in (sorted(cov) if whole_set else [op]) if _served(cov.get(o))]
         if not whole_set and not served:
-            row["note"] = "; ".join(filter(None, (f"{label} served no call on its kernel", row["note"])))
+            row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel", row["note"])))
         rows.append({**row, "verdict": verdict})
     cost = (startups["every-op"] / startups["every-op-nocheck"] - 1
             if "every-op" in startups and "every-op-nocheck" in startups else None)
@@ -385,10 +396,11 @@ def _whole_set(label: str) -> bool:
     return label == "default" or label.startswith("every-op")
 
 
-def _shown_ops(label: str, cov: dict | None) -> list[str]:
-    """The ops whose coverage a row shows: the op itself, or for a whole-set run every op active there."""
+def _shown_ops(label: str, cov: dict | None, op: str | None = None) -> list[str]:
+    """The ops whose coverage a row shows: the op itself (``op``: a preset's own run's), or for a whole-set
+    run every op active there."""
     if not _whole_set(label):
-        return [label]
+        return [op or label]
     return sorted(op for op, c in (cov or {}).items() if c["active"])
 
 
@@ -411,7 +423,7 @@ def render(doc: dict) -> str:
         out.append(header)
         for row in j["rows"]:
             run = entry["runs"][row["run"]]
-            ops = _shown_ops(row["run"], run.get("coverage"))
+            ops = _shown_ops(row["run"], run.get("coverage"), run.get("op"))
             agree = "-" if row["agreement"] is None else f"{row['agreement']:.4f}"
             out.append(f"  {row['run']:<18} {_ratios(row['ratios']['decode']):<28} "
                        f"{_ratios(row['ratios']['prefill']):<22} "
@@ -450,7 +462,7 @@ def markdown(doc: dict) -> str:
         j = judge(entry, **entry.get("judge_options", {}))
         for row in j["rows"]:
             run = entry["runs"][row["run"]]
-            ops = _shown_ops(row["run"], run.get("coverage"))
+            ops = _shown_ops(row["run"], run.get("coverage"), run.get("op"))
             agree = "-" if row["agreement"] is None else f"{row['agreement']:.4f}"
             lines.append(f"| {entry['model']} | {row['run']} | {_ratios(row['ratios']['decode'])} | "
                          f"{_ratios(row['ratios']['prefill'])} | {agree} | {row['verdict']} | "
@@ -577,7 +589,7 @@ def _options(args) -> dict:
         raise InputError(f"{args.matrix}: unknown options {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
     opts = {}
     for key, default in DEFAULTS.items():
-        given = getattr(args, key)
+        given = getattr(args, key, None)  # extra_runs: from a matrix or preset only
         opts[key] = given if given is not None else matrix.get(key, default)
     try:
         if isinstance(opts["batches"], str):
@@ -593,7 +605,29 @@ def _options(args) -> dict:
         raise InputError(f"bad option value: {exc}") from None
     if not opts["batches"] or min(opts["batches"]) < 1 or opts["rounds"] < 1 or opts["repeats"] < 1:
         raise InputError("--batches, --rounds and --repeats take positive integers")
+    _check_extra_runs(opts["extra_runs"])
     return opts
+
+
+def _check_extra_runs(extra: dict) -> None:
+    """A preset's own runs: label -> {``op`` (one op's name), ``env`` (switch -> string), ``llm`` (vLLM
+    arguments)}; a label is new (not off..., default, every-op... or an op's own) and not the plugin's
+    selection switches (the run's op selects itself)."""
+    from infera_vllm import discovery
+
+    if not isinstance(extra, dict):
+        raise InputError("extra_runs: an object of label -> {op, env, llm}")
+    names = {s.name for s in discovery.discover()}
+    for label, run in extra.items():
+        if label.startswith("off") or label in ("default",) or label.startswith("every-op") or label in names:
+            raise InputError(f"extra_runs: {label!r} is a built-in run's label")
+        if not isinstance(run, dict) or set(run) - EXTRA_RUN_KEYS or "op" not in run:
+            raise InputError(f"extra_runs[{label!r}]: keys {', '.join(sorted(EXTRA_RUN_KEYS))} ('op' required)")
+        env = run.get("env", {})
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()) or set(env) & set(_SELECTION):
+            raise InputError(f"extra_runs[{label!r}].env: switch -> string, without {', '.join(_SELECTION)}")
+        if not isinstance(run.get("llm", {}), dict):
+            raise InputError(f"extra_runs[{label!r}].llm: an object of vLLM arguments")
 
 
 def _prompt_tokens(value, batches: list[int]):
@@ -733,11 +767,16 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         if old is None:
             doc["models"].append(entry)
         entry["options"]["rounds"] = opts["rounds"]
+        for label, extra in opts["extra_runs"].items():  # a preset's own run about an op that does not run here
+            if extra["op"] not in ops and (opts["runs"] is None or label in opts["runs"]):
+                skipped[label] = f"its op {extra['op']} does not run here: {skipped.get(extra['op'], 'not installed')}"
         entry["judge_options"], entry["skipped"], entry["ops_run"] = judge_options, skipped, ops
         configs = run_configs(list(ops), gpu=gpu, real=not m["dummy"], base_llm=base_llm,
-                              self_check_cost=bool(opts["self_check_cost"]), runs=opts["runs"])
+                              self_check_cost=bool(opts["self_check_cost"]), runs=opts["runs"],
+                              extra_runs=opts["extra_runs"])
         for c in configs:
-            entry["runs"].setdefault(c["label"], {"plugin": c["plugin"], "env": c["env"], "rounds": []})
+            entry["runs"].setdefault(c["label"], {"plugin": c["plugin"], "env": c["env"], "rounds": [],
+                                                  **({"op": c["op"]} if "op" in c else {})})
         for r in range(opts["rounds"]):
             pending += [(m, entry, c, r, int(text.get("vocab_size") or 32000)) for c in configs
                         if len(entry["runs"][c["label"]]["rounds"]) <= r]
