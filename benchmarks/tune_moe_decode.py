@@ -67,7 +67,7 @@ PERSISTENT_SPACE = {"programs_per_sm": (1, 2, 3, 4), "block_i": (16, 32, 64), "n
 SPLIT_SUM_UP_TO = 4  # the split_sum form is tried up to this M (tokens that share an expert each read it)
 SPLIT_SUM_START = dict(form="split_sum", block_i=64, block_h=128, block_n=16, block_k=128, num_warps=4,
                        num_stages=4, min_programs=0, pdl=False, fill_per_sm=0, split_i=1)
-SPLIT_SUM_SPACE = {"split_i": (1, 2, 4), "block_n": (16, 32, 64), "block_k": (64, 128, 256), "pdl": (False, True),
+SPLIT_SUM_SPACE = {"split_i": (1, 2, 4, 8), "block_n": (16, 32, 64), "block_k": (64, 128, 256), "pdl": (False, True),
                    "block_i": (32, 64, 128), "fill_per_sm": (0, 1), "num_stages": (3, 4, 5), "num_warps": (2, 4),
                    "min_programs": (0, 264)}
 FORMS = ("split", "fused", "persistent", "split_sum")

@@ -21,7 +21,8 @@ SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
 SMALL_FUSED = kernels.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
 SMALL_PERSISTENT = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
 SMALL_SPLIT_SUM = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16)
-# I in shares of 16-wide chunks, merged in the kernel: 3 shares where I has 3+ chunks (fewer, all non-empty, else)
+# each token's (slot, 16-wide chunk of I) tiles in 3 shares merged in the kernel (fewer, all non-empty, where it has
+# fewer tiles); most cases have shares that end inside a slot
 SMALL_SPLIT_SUM_I = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16,
                                          split_i=3)
 FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I],

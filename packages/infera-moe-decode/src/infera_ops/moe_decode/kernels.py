@@ -35,8 +35,9 @@ Four forms, all deterministic (the result does not depend on which program finis
   launches, a small fp32 buffer; the better one once many tokens make the partials large.
 - split_sum (the split form's gate/up kernel, then ``_moe_down_sum_kernel``: one program per token and
   column block walks the token's TOPK experts and writes ``out`` itself): two launches, no fp32 rows (with
-  ``split_i`` > 1, several programs per column block over shares of I, merged in the kernel); each token
-  reads its experts' W2 rows itself (no grouping in the down pass), so it suits one or a few tokens.
+  ``split_i`` > 1, several programs per column block over shares of its expert tiles, merged in the
+  kernel); each token reads its experts' W2 rows itself (no grouping in the down pass), so it suits one or
+  a few tokens.
 
 In the split form each kernel has a fixed cost (its first loads, its last programs finishing alone) of
 several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
@@ -288,7 +289,7 @@ def _moe_down_sum_kernel(
     H,
     I,
     TOPK,
-    CHUNKS_PER_SHARE,  # BLOCK_K chunks of I per program along program_id 2
+    ITEMS_PER_SHARE,  # (slot, chunk of I) items per program along program_id 2
     BLOCK_T: tl.constexpr,  # >= TOPK, a power of two: the token's expert ids and weights held in registers
     BLOCK_N: tl.constexpr,  # output columns (of H) per program, >= 16
     BLOCK_K: tl.constexpr,  # reduction chunk along I
@@ -305,11 +306,16 @@ def _moe_down_sum_kernel(
     row 0 of a 16-row tile (tl.dot's smallest M; the other rows are zeros). Tokens that share an expert each
     read its weights: the form for a few tokens over many experts.
 
-    SPLIT_I > 1 (program_id 2 = s): the program walks only chunks [s·CHUNKS_PER_SHARE, (s+1)·CHUNKS_PER_SHARE)
-    of I for every slot, so a one-token call has SPLIT_I times the programs; it stores its sums to
-    ``part[m, s]`` and counts itself in at ``count[m, column block]`` (release); the program that counts
-    last (acquire) adds the SPLIT_I shares in order s = 0, 1, ... (the result does not depend on which
-    program is last), writes ``out`` and sets the count back to zero for the next launch or graph replay."""
+    SPLIT_I > 1 (program_id 2 = s): the program walks only items [s·ITEMS_PER_SHARE, (s+1)·ITEMS_PER_SHARE)
+    of that TOPK x chunks loop (item t = slot t // chunks, chunk t % chunks), so a one-token call has
+    SPLIT_I times the programs, each with the same bytes to read (a share that ends inside a slot adds that
+    slot's partial product times its router weight, and the next share the rest: the same sum); it stores
+    its sums to ``part[m, s]`` and counts itself in at ``count[m, column block]`` (release); the program that
+    counts last (acquire) adds the SPLIT_I shares in order s = 0, 1, ... (the result does not depend on
+    which program is last), writes ``out`` and sets the count back to zero for the next launch or graph
+    replay. Shares over the whole loop rather than over I alone let the grid be any multiple of the column
+    blocks: Qwen3-30B-A3B at M = 1 has 32 column blocks of 64 and 8 x 6 items, so 4 shares give 128 programs
+    of 12 tiles for 132 SMs (shares of I's 6 chunks give 96 or 192)."""
     m = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -320,22 +326,23 @@ def _moe_down_sum_kernel(
     if USE_PDL:
         gdc_wait()
     rows = tl.arange(0, 16)
-    first = tl.program_id(2) * CHUNKS_PER_SHARE
-    chunks = tl.minimum(tl.cdiv(I, BLOCK_K) - first, CHUNKS_PER_SHARE)  # this share's (none past I's end)
+    chunks = tl.cdiv(I, BLOCK_K)
+    t_first = tl.program_id(2) * ITEMS_PER_SHARE
+    t_end = tl.minimum(t_first + ITEMS_PER_SHARE, TOPK * chunks)  # this share's items (none past the last)
     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     total = tl.zeros((16, BLOCK_N), dtype=tl.float32)
-    for t in range(0, TOPK * tl.maximum(chunks, 0)):
+    for t in range(t_first, t_end):
         k_slot = t // chunks
         chunk = t - k_slot * chunks
         e = tl.sum(tl.where(slot == k_slot, ids, 0), axis=0)
-        k = (first + chunk) * BLOCK_K + tl.arange(0, BLOCK_K)
+        k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < tl.where(e >= 0, I, 0)  # an expert held elsewhere: nothing loaded, nothing added
         a = tl.load(act_ptr + (m * TOPK + k_slot) * act_row_stride + rows[:, None] * 0 + k[None, :],
                     mask=(rows == 0)[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w2_ptr + tl.maximum(e, 0) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
                     + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = _dot(a, w, acc, FP32_DOT)
-        if chunk == chunks - 1:
+        if (chunk == chunks - 1) | (t == t_end - 1):  # the slot's last chunk, or this share's last item
             total += acc * tl.sum(tl.where(slot == k_slot, rw, 0.0), axis=0)
             acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
     sums = tl.sum(total, axis=0)
@@ -534,8 +541,9 @@ class LaunchConfig:
     ``fill_per_sm`` (split and split_sum forms): the gate/up kernel's columns per program are cut (in steps
     of 16, at most the tile) so that the experts in play give about this many programs per SM: at M = 1 on
     Qwen3-30B-A3B dims 8 x 768 / 48 = 128 programs for 132 SMs instead of 96 (0: the tile's columns).
-    ``split_i`` (split_sum form): the down kernel's programs per (token, column block), each over a share of
-    I, merged in the kernel by the last one in (1: none)."""
+    ``split_i`` (split_sum form): the down kernel's programs per (token, column block), each over an equal
+    share of the token's TOPK x (chunks of I) tiles, merged in the kernel by the last one in (1: none; at
+    most one program per tile)."""
 
     __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
                  "pdl", "prefetch_down", "programs_per_sm", "early_down", "fill_per_sm", "split_i")

@@ -149,9 +149,9 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
             FP32_DOT=fp32_dot, PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl,
             EARLY_DOWN=early_down, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if cfg.form == "split_sum":
-            n_blocks, chunks = triton.cdiv(H, cfg.block_n), triton.cdiv(inter, cfg.block_k)
-            per_share = triton.cdiv(chunks, min(cfg.split_i, chunks))
-            shares = triton.cdiv(chunks, per_share)  # no share without chunks
+            n_blocks, items = triton.cdiv(H, cfg.block_n), topk * triton.cdiv(inter, cfg.block_k)
+            per_share = triton.cdiv(items, min(cfg.split_i, items))  # (slot, chunk of I) tiles per program
+            shares = triton.cdiv(items, per_share)  # no share without items
             if shares > 1:
                 part = torch.empty(M, shares, H, dtype=torch.float32, device=x.device)
                 count = sync_counters(x.device, M * n_blocks)
