@@ -33,19 +33,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _results import describe_machine, results_dir, write_json  # noqa: E402
 
+from infera_vllm.harness import compare as _agreement  # noqa: E402
 from infera_vllm.harness import median as _median  # noqa: E402
 from infera_vllm.validate import preset_path  # noqa: E402
 
 # Qwen3-30B-A3B's config.json (the fields vLLM reads), as the plugin's moe-decode-h200 preset has it
 QWEN3_30B_A3B = json.loads(open(preset_path("moe-decode-h200")).read())["models"][0]["config"]
-
-
-def _agreement(a: list[list[int]], b: list[list[int]]) -> dict:
-    """Share of equal top-1s over the prompts' positions, and each prompt's first differing position."""
-    same = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb))
-    total = sum(len(r) for r in a)
-    first = [next((i for i, (x, y) in enumerate(zip(ra, rb)) if x != y), None) for ra, rb in zip(a, b)]
-    return {"agreement": same / total, "first_divergence": first}
 
 
 def weight_bytes_per_step(cfg: dict, batch: int) -> float:

@@ -314,9 +314,10 @@ def step_validate(r: Runner, a) -> None:
     results = a.results or f"benchmarks/results/h200/validation/{a.preset or 'validation'}.json"
     r.run(vllm_cli("validate", *source, *(["--models", a.models] if a.models else []), "--out", results,
                    "--budget-s", a.budget_s, *shlex.split(a.validate_args)), log="validate.txt", tail=80)
-    plot = str(Path(results).with_suffix(".png"))
-    r.run(["sh", "-c", f"cp {shlex.quote(results)} {shlex.quote(str(r.out))}/ && "
-                       f"{{ [ ! -f {shlex.quote(plot)} ] || cp {shlex.quote(plot)} {shlex.quote(str(r.out))}/; }}"])
+    r.run(["cp", results, str(r.out / Path(results).name)])
+    plot = Path(results).with_suffix(".png")  # drawn beside the results when matplotlib is there
+    if r.dry_run or plot.exists():
+        r.run(["cp", str(plot), str(r.out / plot.name)])
 
 
 def step_parallel(r: Runner, a) -> None:
