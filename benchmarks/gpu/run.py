@@ -435,8 +435,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments (e.g. fewer batches)")
     s = step("validate")
     s.add_argument("--models", help="matrix model names, comma-separated (a preset's: all of them by default)")
-    s.add_argument("--preset", help="a preset of `infera-vllm validate` (attn-paged-h200, moe-decode-h200) instead "
-                                    "of the matrix")
+    s.add_argument("--preset", help="a preset of `infera-vllm validate` instead of the matrix (its --help lists "
+                                    "them: meta/infera-vllm/src/infera_vllm/presets/)")
     s.add_argument("--results", help="the JSON that accumulates across calls (default benchmarks/results/h200/"
                                      "validation/validation.json, or <preset>.json; copied to $OUT after: copy it "
                                      "back before the next call)")
