@@ -19,6 +19,7 @@ plot into --out (default results/<gpu>/attn-paged/).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -29,7 +30,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _results import describe_machine, results_dir, write_json  # noqa: E402
-from e2e_parallel import MODELS  # noqa: E402
+
+# the dense models' config.json (the fields vLLM reads), as the validation matrix has them
+_MATRIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "validation", "matrix.json")
+MODELS = {m["name"]: m["config"] for m in json.load(open(_MATRIX))["models"] if m["name"] in ("llama-3-8b", "qwen3-8b")}
 
 GPT_OSS_20B = dict(  # openai/gpt-oss-20b config.json, the fields vLLM reads; bf16 (no MXFP4 quantization)
     architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880, intermediate_size=2880,

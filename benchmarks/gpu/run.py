@@ -254,7 +254,8 @@ def step_norm_e2e(r: Runner, a) -> None:
 
 def step_linear(r: Runner, a) -> None:
     """infera-linear-hipblaslt: its kernel tests and benchmarks/bench_linear.py; --tune the table for a
-    Llama-3-8B-shaped model (to sm90.json and /tmp); --e2e the parallel e2e preset with that table."""
+    Llama-3-8B-shaped model (to sm90.json and /tmp); --e2e `infera-vllm validate --preset linear-llama3-h200`
+    with that table."""
     if a.bench:
         r.pytest(["packages/infera-linear-hipblaslt/tests"], "pytest_linear_sm90.txt", timeout=60, select="kernels",
                  tail=5)
@@ -267,8 +268,7 @@ def step_linear(r: Runner, a) -> None:
         r.run(["cp", LINEAR_TUNING, str(r.out / "sm90.json")])
     if a.e2e:
         r.use_tuning("INFERA_LINEAR_TUNING", LINEAR_TUNING)
-        r.run(py("benchmarks/e2e_parallel.py", "--preset", "h200-linear", "--out", r.out), log="e2e_linear.log",
-              timeout=a.e2e_timeout, tail=40)
+        validate_preset(r, "linear-llama3-h200", None, None, a.e2e_timeout - 20, timeout=a.e2e_timeout)
 
 
 def step_foundation(r: Runner, a) -> None:
@@ -310,37 +310,49 @@ def step_validate(r: Runner, a) -> None:
     by default validation.json or <preset>.json; a model measured at this commit is not rerun)."""
     for variable, path in (("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING), ("INFERA_MOE_DECODE_TUNING", MOE_TUNING)):
         r.use_tuning(variable, path)
-    source = ["--preset", a.preset] if a.preset else ["--matrix", "benchmarks/validation/matrix.json"]
-    results = a.results or f"benchmarks/results/h200/validation/{a.preset or 'validation'}.json"
-    r.run(vllm_cli("validate", *source, *(["--models", a.models] if a.models else []), "--out", results,
-                   "--budget-s", a.budget_s, *shlex.split(a.validate_args)), log="validate.txt", tail=80)
+    validate_preset(r, a.preset, a.models, a.results, a.budget_s, shlex.split(a.validate_args))
+
+
+def validate_preset(r: Runner, preset: str | None, models: str | None, results: str | None, budget_s: float,
+                    more: list[str] = (), machine: str = "h200", log: str = "validate.txt", **run_args):
+    """`infera-vllm validate --preset PRESET` (the matrix when None) into ``results`` (default
+    benchmarks/results/<machine>/validation/<preset or validation>.json, where the next call continues), then
+    the JSON and its plot copied to $OUT."""
+    source = ["--preset", preset] if preset else ["--matrix", "benchmarks/validation/matrix.json"]
+    results = results or f"benchmarks/results/{machine}/validation/{preset or 'validation'}.json"
+    job = r.run(vllm_cli("validate", *source, *(["--models", models] if models else []), "--out", results,
+                         "--budget-s", budget_s, *more), log=log, tail=80, **run_args)
+    if run_args.get("background"):
+        return job
     r.run(["cp", results, str(r.out / Path(results).name)])
     plot = Path(results).with_suffix(".png")  # drawn beside the results when matplotlib is there
     if r.dry_run or plot.exists():
         r.run(["cp", str(plot), str(r.out / plot.name)])
+    return job
 
 
 def step_parallel(r: Runner, a) -> None:
-    """Two GPUs: doctor on each (the same output expected), then benchmarks/e2e_parallel.py's preset."""
+    """Two GPUs: doctor on each (the same output expected), then `infera-vllm validate --preset PRESET`
+    (parallel-h200x2: tensor and expert parallel; parallel-random-h200x2: agreement at TP 2)."""
     model = write_config("qwen3-30b-a3b", "/tmp/doctor-model", dry_run=r.dry_run)
     for gpu in (0, 1):
         r.run(vllm_cli("doctor", "--model", model), log=f"doctor_gpu{gpu}.txt", timeout=120,
               env={"CUDA_VISIBLE_DEVICES": str(gpu)}, tail=1)
     r.failed = [f for f in r.failed if "doctor" not in f]
-    r.run(py("benchmarks/e2e_parallel.py", "--preset", a.preset, *(["--models", a.models] if a.models else []),
-             "--out", r.out), log="e2e_parallel.log", timeout=a.timeout, tail=60)
+    validate_preset(r, a.preset, a.models, None, a.budget_s, machine="h200x2")
 
 
 def step_linear_norm_x2(r: Runner, a) -> None:
-    """Two GPUs at once: infera-linear's table tuned on GPU 0 while the norm Qwen3 e2e preset runs on GPU 1."""
-    (r.out / "norm-qwen3").mkdir(exist_ok=True)
-    job = r.run(py("benchmarks/e2e_parallel.py", "--preset", "h200-norm-qwen3", "--out", r.out / "norm-qwen3"),
-                log="norm-qwen3/e2e.log", timeout=540, env={"CUDA_VISIBLE_DEVICES": "1"}, tail=20, background=True)
+    """Two GPUs at once: infera-linear's table tuned on GPU 0 while the norm-qwen3-h200 preset runs on GPU 1."""
+    job = validate_preset(r, "norm-qwen3-h200", None, None, 500, log="validate_norm.txt", timeout=540,
+                          env={"CUDA_VISIBLE_DEVICES": "1"}, background=True)
     model = write_config("llama-3-8b", "/tmp/llama-3-8b", dry_run=r.dry_run)
     r.run(vllm_cli("tune", "linear", "--model", model, "--out", LINEAR_TUNING), log="tune_linear.log", timeout=500,
           env={"CUDA_VISIBLE_DEVICES": "0"})
     r.run(["cp", LINEAR_TUNING, str(r.out / "sm90.json")])
     r.wait(job)
+    results = "benchmarks/results/h200/validation/norm-qwen3-h200.json"
+    r.run(["cp", results, str(r.out / Path(results).name)])
 
 
 def step_aot_check(r: Runner, a) -> None:
@@ -443,9 +455,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--budget-s", type=float, default=540)
     s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments")
     s = step("parallel")
-    s.add_argument("--preset", default="h200x2")
+    s.add_argument("--preset", default="parallel-h200x2")
     s.add_argument("--models")
-    s.add_argument("--timeout", type=float, default=540)
+    s.add_argument("--budget-s", type=float, default=480)
     step("linear-norm-x2")
     s = step("aot-check")
     s.add_argument("aot_args", help="h200_aot_check.py's arguments, quoted: 'load CUBINS.pkl OUT.json'")

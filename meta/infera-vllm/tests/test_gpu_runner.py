@@ -21,12 +21,12 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "norm": (["--tune"], "tune_norm.py"),
     "norm-numerics": ([], "norm_numerics.py"),
     "norm-e2e": ([], "--preset h200-norm --rounds 2"),
-    "linear": (["--tune", "--e2e"], "tune linear --model /tmp/llama-3-8b"),
+    "linear": (["--tune", "--e2e"], "validate --preset linear-llama3-h200"),
     "foundation": ([], "e2e_smollm2.py --preset h200"),
     "self-check": ([], "validate --dummy /tmp/qwen3-moe-cut --self-check-cost"),
     "validate": (["--models", "qwen3-8b"], "validate --matrix benchmarks/validation/matrix.json --models qwen3-8b"),
-    "parallel": ([], "e2e_parallel.py --preset h200x2"),
-    "linear-norm-x2": ([], "--preset h200-norm-qwen3"),
+    "parallel": ([], "validate --preset parallel-h200x2 --out benchmarks/results/h200x2/validation/"),
+    "linear-norm-x2": ([], "validate --preset norm-qwen3-h200"),
     "aot-check": (["load x.pkl y.json"], "h200_aot_check.py load x.pkl y.json"),
 }
 

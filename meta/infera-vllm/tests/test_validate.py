@@ -261,10 +261,9 @@ def test_matrix_names_the_models_with_the_e2e_scripts_configs():
     models = {m["name"]: m for m in matrix["models"]}
     assert list(models) == ["smollm2-135m", "llama-3-8b", "qwen3-8b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma-2-9b"]
     assert models["smollm2-135m"]["source"] == "smollm2"
-    parallel = _load(ROOT / "benchmarks" / "e2e_parallel.py", "e2e_parallel")
     attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
-    for name in ("llama-3-8b", "qwen3-8b", "qwen3-30b-a3b"):
-        assert models[name]["config"] == json.loads(json.dumps(parallel.MODELS[name])), name
+    for name in ("llama-3-8b", "qwen3-8b"):
+        assert models[name]["config"] == attn.MODELS[name], name
     assert models["gpt-oss-20b"]["config"] == json.loads(json.dumps(attn.GPT_OSS_20B))
     gemma = models["gemma-2-9b"]["config"]
     assert gemma["head_dim"] == 256 and gemma["attn_logit_softcapping"] == 50.0
@@ -397,16 +396,18 @@ def test_startup_and_the_self_check_cost():
 
 def test_presets_are_the_end_to_end_benchmarks():
     """Each preset is a matrix file of the plugin whose models are the e2e benchmarks' configs (the context
-    limit raised to the preset's longest prompt where needed) and whose options are validate's; the
-    moe-decode preset's model is the one e2e_parallel.py serves."""
-    assert validate.presets() == ["attn-paged-h200", "moe-decode-h200", "norm-qwen3-h200", "smollm2"]
+    limit raised to the preset's longest prompt where needed) and whose options are validate's; the other
+    presets' models are the matrix's."""
+    assert validate.presets() == ["attn-paged-h200", "linear-llama3-h200", "moe-decode-h200", "norm-qwen3-h200",
+                                  "parallel-h200x2", "parallel-random-h200x2", "smollm2"]
     attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
     for name in validate.presets():
         preset = json.loads(Path(validate.preset_path(name)).read_text())
         assert preset["format"] == validate.MATRIX_FORMAT and set(preset["options"]) <= set(validate.DEFAULTS)
         opts = preset["options"]
-        assert "runs" not in opts or (opts["runs"][:2] == ["off", "off2"]
-                                      and opts["runs"][2:] == opts["ops"] + list(opts.get("extra_runs", {})))
+        assert "runs" not in opts or (opts["runs"][:2] == ["off", "off2"] and [
+            r for r in opts["runs"][2:] if r != "default"] == [
+            o for o in opts.get("ops", []) if o in opts["runs"]] + list(opts.get("extra_runs", {})))
         if "config" not in preset["models"][0]:
             continue
         longest = max(validate.prompt_len(opts, b) for b in opts["batches"])
@@ -418,9 +419,11 @@ def test_presets_are_the_end_to_end_benchmarks():
     for m in preset["models"]:
         want = json.loads(json.dumps(dict(attn.ALL_MODELS[m["name"]], **h200["shrink"].get(m["name"], {}))))
         assert {**m["config"], "max_position_embeddings": None} == {**want, "max_position_embeddings": None}
-    parallel = _load(ROOT / "benchmarks" / "e2e_parallel.py", "e2e_parallel")  # its MoE model is the preset's
-    preset = json.loads(Path(validate.preset_path("moe-decode-h200")).read_text())
-    assert preset["models"][0]["config"] == parallel.MODELS["qwen3-30b-a3b"]
+    matrix = {m["name"]: m for m in json.loads((ROOT / "benchmarks" / "validation" / "matrix.json").read_text())[
+        "models"]}
+    for name in ("moe-decode-h200", "linear-llama3-h200", "parallel-h200x2", "parallel-random-h200x2"):
+        for m in json.loads(Path(validate.preset_path(name)).read_text())["models"]:
+            assert m["config"] == matrix[m["name"]]["config"], (name, m["name"])
     attn_qwen3 = json.loads(Path(validate.preset_path("attn-paged-h200")).read_text())["models"][1]
     (norm_qwen3,) = json.loads(Path(validate.preset_path("norm-qwen3-h200")).read_text())["models"]
     assert {**norm_qwen3["config"], "max_position_embeddings": None} == {**attn_qwen3["config"],
@@ -497,3 +500,75 @@ def test_prompt_lengths_and_presets_are_checked(tmp_path, capsys):
     assert "give one" in capsys.readouterr().err
     assert validate.prompt_len({"prompt_tokens": 256}, 64) == 256
     assert validate.prompt_len({"prompt_tokens": {"1": 9, "4": 3}}, 4) == 3
+
+
+def test_a_random_weight_model_gets_one_checkpoint_and_its_agreement_is_judged(fake_engine, tmp_path, monkeypatch):
+    """``"weights": "random"``: the checkpoint is written once, before the model's first run, by
+    ``python -m infera_vllm.validate write-random DIR``; every run loads it (not vLLM's dummy loader) and the
+    agreement is taken; a write that fails stops with a message, any other weights value is bad input."""
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    writes, seen = [], []
+
+    def fake_write(cmd, *a, **k):
+        writes.append(cmd[-1])
+        Path(cmd[-1], "model.safetensors").write_text("x")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(validate.subprocess, "run", fake_write)
+    spawn = validate._spawn
+    monkeypatch.setattr(validate, "_spawn", lambda cfg, env, work: (seen.append(cfg), spawn(cfg, env, work))[1])
+    out = tmp_path / "v.json"
+    assert validate.main(["--preset", "parallel-random-h200x2", "--out", str(out), "--work", str(tmp_path / "w"),
+                          "--runs", "off2,norm"]) == 0
+    assert writes == [str(tmp_path / "w" / "models" / "qwen3-8b")] and fake_engine == ["off", "off", "norm"]
+    assert {c["weights"] for c in seen} == {"random"} and {c["tp"] for c in seen} == {2}
+    (entry,) = json.loads(out.read_text())["models"]
+    assert entry["weights"] == "random" and entry["runs"]["norm"]["agreement"]["agreement"] == 1.0
+    assert entry["options"]["llm_kwargs"]["max_model_len"] == 256 + 16  # the agreement prompts' length
+
+    monkeypatch.setattr(validate.subprocess, "run", lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, 1))
+    assert validate.main(["--preset", "parallel-random-h200x2", "--out", str(tmp_path / "v2.json"),
+                          "--work", str(tmp_path / "w2")]) == 2
+    matrix = tmp_path / "m.json"
+    matrix.write_text(json.dumps({"format": validate.MATRIX_FORMAT, "models": [
+        {"name": "m", "config": {"architectures": ["LlamaForCausalLM"]}, "weights": "zeros"}]}))
+    assert cli.main(["validate", "--matrix", str(matrix)]) == 2
+
+
+def test_the_parallel_preset_runs_the_moe_op_with_expert_parallel_where_it_serves(tmp_path):
+    """parallel-h200x2: tensor parallel 2 for every run; the moe-decode-ep run is moe-decode alone with vLLM's
+    expert parallel on, and is left out of a dense model's runs."""
+    preset = json.loads(Path(validate.preset_path("parallel-h200x2")).read_text())
+    assert preset["options"]["tp"] == 2
+    extra = preset["options"]["extra_runs"]
+    moe = validate.run_configs(["moe-decode"], gpu=True, real=False, base_llm={}, runs=preset["options"]["runs"],
+                               extra_runs=extra)
+    assert [c["label"] for c in moe] == ["off", "off2", "default", "moe-decode-ep"]
+    assert moe[-1]["llm"] == {"enable_expert_parallel": True} and moe[-1]["env"] == {"INFERA_VLLM_OPS": "moe-decode"}
+    dense = validate.run_configs([], gpu=True, real=False, base_llm={}, runs=preset["options"]["runs"],
+                                 extra_runs=extra)
+    assert [c["label"] for c in dense] == ["off", "off2", "default"]
+
+
+def test_the_random_checkpoint_is_the_config_with_transformers_init(tmp_path):
+    """write-random on a tiny Qwen3 config: a bf16 safetensors checkpoint of that config, the same bytes on a
+    second write (seed 0), so every run and every call serves one model."""
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 128, "torch_dtype": "bfloat16"}
+    tensors = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        proc = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "write-random", str(tmp_path / name)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        tensors.append(load_file(str(tmp_path / name / "model.safetensors")))
+    a, b = tensors
+    assert a["model.layers.1.self_attn.q_norm.weight"].shape == (16,)
+    assert a["model.embed_tokens.weight"].shape == (256, 64) and a["model.embed_tokens.weight"].dtype == torch.bfloat16
+    assert a["model.embed_tokens.weight"].float().std() > 0.01  # random, not zeros
+    assert set(a) == set(b) and all(a[k].equal(b[k]) for k in a)

@@ -55,15 +55,24 @@ def measure(cfg: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(cfg["llm_kwargs"])
-    if cfg["dummy"]:
+    weights = cfg.get("weights", "real")
+    if weights == "dummy":
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
+    elif weights == "random":  # a checkpoint without a tokenizer: token ids in, token ids out
+        kwargs.update(skip_tokenizer_init=True)
     start = time.perf_counter()
     llm = LLM(model=cfg["model"], seed=0, tensor_parallel_size=cfg["tp"], **kwargs)
     out: dict = {"top1": None, "prompts": None, "batches": {}, "startup_s": time.perf_counter() - start}
-    if not cfg["dummy"] and cfg["agreement_prompts"]:
-        prompts = harness.corpus_prompts(llm.get_tokenizer(), cfg["agreement_prompts"], cfg["agreement_tokens"])
+    if weights != "dummy" and cfg["agreement_prompts"]:
+        if weights == "random":  # no text to read: the same seeded random tokens in every run
+            gen_rng = random.Random(1)
+            prompts = [[gen_rng.randrange(1, cfg["vocab_size"]) for _ in range(cfg["agreement_tokens"])]
+                       for _ in range(cfg["agreement_prompts"])]
+        else:
+            prompts = harness.corpus_prompts(llm.get_tokenizer(), cfg["agreement_prompts"], cfg["agreement_tokens"])
         gen = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                           SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0), use_tqdm=False)
+                           SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0, detokenize=False),
+                           use_tqdm=False)
         out["top1"] = [[next(t for t, lp in pos.items() if lp.rank == 1) for pos in o.prompt_logprobs[1:]] for o in gen]
         out["prompts"] = prompts
     rng = random.Random(0)
@@ -539,7 +548,7 @@ def _models(args, options: dict, work: str) -> list[dict]:
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise InputError(f"{path!r}: no such model directory (a directory with config.json)")
         models.append({"name": os.path.basename(os.path.normpath(path)), "path": os.path.abspath(path),
-                       "dummy": args.dummy, "llm_kwargs": {}})
+                       "weights": "dummy" if args.dummy else "real", "llm_kwargs": {}})
     if args.matrix:
         matrix = _read_json(args.matrix)
         if matrix.get("format") != MATRIX_FORMAT:
@@ -555,15 +564,19 @@ def _models(args, options: dict, work: str) -> list[dict]:
             if m.get("source") == "smollm2":
                 from infera_vllm import smollm2
 
-                path, dummy = smollm2.prepare(), False
+                path, weights = smollm2.prepare(), "real"
             elif "config" in m:
-                path, dummy = os.path.join(work, "models", m["name"]), True
+                weights = m.get("weights", "dummy")
+                if weights not in ("dummy", "random"):
+                    raise InputError(f"{args.matrix}: model {m['name']!r}: weights {weights!r} (dummy or random)")
+                path = os.path.join(work, "models", m["name"])
                 os.makedirs(path, exist_ok=True)
                 with open(os.path.join(path, "config.json"), "w") as f:
                     json.dump(m["config"], f, indent=1)
             else:
                 raise InputError(f"{args.matrix}: model {m.get('name')!r} has neither 'config' nor 'source'")
-            models.append({"name": m["name"], "path": path, "dummy": dummy, "llm_kwargs": m.get("llm_kwargs", {})})
+            models.append({"name": m["name"], "path": path, "weights": weights,
+                           "llm_kwargs": m.get("llm_kwargs", {})})
     if not models:
         raise InputError("no model: give model directories or --matrix FILE")
     return models
@@ -720,8 +733,7 @@ def _run(args) -> int:
     for m in models:
         with open(os.path.join(m["path"], "config.json"), "rb") as f:
             sha = hashlib.sha256(f.read()).hexdigest()
-        weights = "dummy" if m["dummy"] else "real"
-        fresh = {"model": m["name"], "path": m["path"], "config_sha256": sha, "weights": weights, **ident,
+        fresh = {"model": m["name"], "path": m["path"], "config_sha256": sha, "weights": m["weights"], **ident,
                  "options_key": {**options_key, "llm_kwargs": {**opts["llm_kwargs"], **m["llm_kwargs"]}}}
         old = next((e for e in doc["models"] if same_measurement(e, fresh)), None)
         if old is not None and not args.force and _complete(old, opts["rounds"]):
@@ -754,7 +766,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         cfg = _read_json(os.path.join(m["path"], "config.json"))
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
         longest = max(prompt_len(opts, b) for b in opts["batches"])
-        need = max(opts["agreement_tokens"] if not m["dummy"] else 0, longest + opts["decode_tokens"] + 1)
+        need = max(opts["agreement_tokens"] if m["weights"] != "dummy" else 0, longest + opts["decode_tokens"] + 1)
         base_llm = {"dtype": "bfloat16", "max_model_len": need + 16, "max_num_seqs": max(opts["batches"]),
                     "enable_prefix_caching": False,
                     **({"gpu_memory_utilization": 0.85} if gpu else
@@ -771,7 +783,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             if extra["op"] not in ops and (opts["runs"] is None or label in opts["runs"]):
                 skipped[label] = f"its op {extra['op']} does not run here: {skipped.get(extra['op'], 'not installed')}"
         entry["judge_options"], entry["skipped"], entry["ops_run"] = judge_options, skipped, ops
-        configs = run_configs(list(ops), gpu=gpu, real=not m["dummy"], base_llm=base_llm,
+        configs = run_configs(list(ops), gpu=gpu, real=m["weights"] != "dummy", base_llm=base_llm,
                               self_check_cost=bool(opts["self_check_cost"]), runs=opts["runs"],
                               extra_runs=opts["extra_runs"])
         for c in configs:
@@ -788,13 +800,17 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                   f"(same command)", file=sys.stderr)
             break
         bar.set_description(f"{m['name']} {c['label']} r{r}")
+        if m["weights"] == "random" and not _has_checkpoint(m["path"]):
+            written = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "write-random", m["path"]])
+            if written.returncode != 0:
+                raise InputError(f"{m['name']}: writing its random checkpoint failed (exit {written.returncode})")
         run = entry["runs"][c["label"]]
         env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
         report_dir = os.path.join(work, m["name"], f"{c['label']}-r{r}")
         env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
         os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
         sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "agreement_prompts", "agreement_tokens")
-        cfg = {"model": m["path"], "dummy": m["dummy"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
+        cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
                "vocab_size": vocab, **{k: entry["options"][k] for k in sizes}}
         res = _spawn(cfg, env, report_dir)
         longest = max(longest, res["seconds"])
@@ -817,6 +833,27 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
     return failed
 
 
+def _has_checkpoint(path: str) -> bool:
+    return any(os.path.exists(os.path.join(path, n)) for n in ("model.safetensors", "model.safetensors.index.json"))
+
+
+def write_random_checkpoint(path: str) -> None:
+    """The config in ``path`` as a bf16 safetensors checkpoint with transformers' own random init (seed 0),
+    built on the GPU where there is one: every run of the model loads the same weights, so its teacher-forced
+    agreement compares one model (vLLM's dummy loader draws each rank's shard on its own: another model at
+    another tensor-parallel size)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        net = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    net.save_pretrained(path, safe_serialization=True)
+
+
 def _write(doc: dict, path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -837,4 +874,7 @@ def _run_one(argv: list[str]) -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run-one"]:
         raise SystemExit(_run_one(sys.argv[2:]))
+    if sys.argv[1:2] == ["write-random"]:
+        write_random_checkpoint(sys.argv[2])
+        raise SystemExit(0)
     raise SystemExit(main())
