@@ -1,9 +1,10 @@
-"""Are a run's top-1 disagreements near-ties? For each position where an e2e_smollm2 run's teacher-forced
-top-1 differs from its baseline, the gap between the two best logits of the same model in fp32
-(transformers, CPU), beside that gap's distribution over every position: flips that sit where fp32 itself
-barely separates two tokens are rounding, flips at wide gaps would be a wrong answer.
+"""Are a run's top-1 disagreements near-ties? For each position where a run of an ``infera-vllm validate``
+result on SmolLM2 (real weights) has a teacher-forced top-1 that differs from plugin off's, the gap between
+the two best logits of the same model in fp32 (transformers, CPU), beside that gap's distribution over every
+position: flips that sit where fp32 itself barely separates two tokens are rounding, flips at wide gaps
+would be a wrong answer (validate keeps each run's first 50 disagreements).
 
-    python benchmarks/flip_margins.py benchmarks/results/cpu/attn-paged/e2e_smollm2.json [--model DIR]
+    python benchmarks/flip_margins.py benchmarks/results/cpu/attn-paged/validate_smollm2.json [--model DIR]
 
 Prints a table and writes ``<result>.margins.json`` beside the result.
 """
@@ -12,17 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from e2e_smollm2 import PRESETS  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("result", help="an e2e_smollm2 JSON")
+    parser.add_argument("result", help="an infera-vllm validate JSON of SmolLM2")
     parser.add_argument("--model", help="checkpoint dir (default: the converted SmolLM2)")
     args = parser.parse_args()
 
@@ -33,9 +28,9 @@ def main() -> int:
 
     with open(args.result) as f:
         doc = json.load(f)
-    runs = [r for r in doc["runs"] if any(k.startswith("vs_") for k in r)]
-    preset = PRESETS[doc["preset"]]  # the prompts the runs were teacher-forced on
-    prompts_n, length = preset["agreement_prompts"], preset["agreement_tokens"]
+    (entry,) = [e for e in doc["models"] if e["weights"] == "real"]
+    runs = {label: run["agreement"] for label, run in entry["runs"].items() if run.get("agreement")}
+    prompts_n, length = entry["options"]["agreement_prompts"], entry["options"]["agreement_tokens"]
     path = args.model or smollm2.prepare()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -49,12 +44,13 @@ def main() -> int:
            "fp32_margin_fraction_below_0.2": sum(m < 0.2 for m in every) / len(every), "runs": {}}
     print(f"fp32 top-2 logit gap over {len(every)} positions: median {out['fp32_margin_median']:.3f}, "
           f"{out['fp32_margin_fraction_below_0.2']:.1%} below 0.2")
-    for r in runs:
-        cmp = next(v for k, v in r.items() if k.startswith("vs_"))
+    for label, cmp in runs.items():
         # a disagreement (i, j) is the prediction of token j of prompt i: the logits at position j - 1
         gaps = [margins[i][j - 1] for i, j in cmp["disagreements"]]
-        out["runs"][r["label"]] = {"disagreements": cmp["disagreements"], "fp32_margins": gaps}
-        print(f"{r['label']:<14} {len(gaps)} flips, fp32 gaps: " + ", ".join(f"{g:.3f}" for g in gaps))
+        out["runs"][label] = {"agreement": cmp["agreement"], "disagreements": cmp["disagreements"],
+                              "fp32_margins": gaps}
+        print(f"{label:<14} agreement {cmp['agreement']:.4f}, {len(gaps)} flips shown, fp32 gaps: "
+              + ", ".join(f"{g:.3f}" for g in gaps))
     target = args.result.replace(".json", ".margins.json")
     with open(target, "w") as f:
         json.dump(out, f, indent=1)

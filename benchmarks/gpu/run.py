@@ -197,14 +197,15 @@ def step_attn(r: Runner, a) -> None:
 
 def step_attn_e2e(r: Runner, a) -> None:
     """FLASH_ATTN vs CUSTOM end to end (benchmarks/e2e_attn_paged.py, dummy-weight models, alternating
-    rounds); --smollm2 adds SmolLM2's real-weight agreement run."""
+    rounds); --smollm2 adds SmolLM2's real-weight agreement (`validate --preset smollm2`: off, off2,
+    TRITON_ATTN, attn-paged)."""
     r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
     r.run(py("benchmarks/e2e_attn_paged.py", "--preset", "h200", "--rounds", a.rounds,
              *(["--models", a.models] if a.models else []), "--out", r.out), log="e2e_attn_paged.log",
           timeout=a.timeout)
     if a.smollm2:
-        r.run(py("benchmarks/e2e_smollm2.py", "--preset", "h200-attn", "--rounds", 1, "--model", SMOLLM2, "--out",
-                 r.out, "--work", "/tmp/e2e-work"), log="e2e_smollm2.log")
+        validate_preset(r, "smollm2", None, None, 300, ["--runs", "off2,off-triton,attn-paged", "--rounds", "1"],
+                        log="validate_smollm2.txt", env={"INFERA_SMOLLM2_DIR": SMOLLM2})
 
 
 def step_moe(r: Runner, a) -> None:
@@ -232,24 +233,25 @@ def step_norm(r: Runner, a) -> None:
 
 
 def step_norm_numerics(r: Runner, a) -> None:
-    """Bit-level numerics of every norm provider, and SmolLM2 end to end with each."""
+    """Bit-level numerics of every norm provider, and SmolLM2 end to end with norm and with vLLM's vllm_c
+    provider (`validate --preset norm-smollm2-h200`)."""
     r.pytest(["packages/infera-norm/tests/test_norm_seam.py"], "pytest_norm_symbolic_sm90.txt", timeout=120,
              select="symbolic")
     r.run(py("benchmarks/norm_numerics.py"), log="norm_numerics.log", env={"BENCH_OUT": str(r.out)})
-    r.run(py("benchmarks/e2e_smollm2.py", "--preset", "h200-norm-numerics", "--model", a.model, "--out", r.out,
-             "--work", "/tmp/e2e-num"), log="e2e_numerics.log")
+    validate_preset(r, "norm-smollm2-h200", None, None, 480, log="validate_norm_smollm2.txt",
+                    env={"INFERA_SMOLLM2_DIR": a.model})
 
 
 def step_norm_e2e(r: Runner, a) -> None:
-    """SmolLM2 with infera-norm first in the IR priority and plugin off, alternating rounds, and the report
-    of the first plugin-on run."""
-    r.run(py("benchmarks/e2e_smollm2.py", "--preset", "h200-norm", "--rounds", a.rounds, "--model", a.model,
-             "--out", r.out, "--work", "/tmp/e2e-work"), log="e2e.log")
-    first_on = sorted(Path("/tmp/e2e-work").glob("report-on-norm*"))
-    if first_on or r.dry_run:
-        where = str(first_on[0]) if first_on else "/tmp/e2e-work/report-on-norm"
-        r.run(vllm_cli("report", where), log="report-on-norm.txt")
-        r.run(vllm_cli("report", where, "--json"), log="report-on-norm.json", hide=".")
+    """SmolLM2 with infera-norm first in the IR priority and plugin off, alternating rounds
+    (`validate --preset norm-smollm2-h200 --runs off2,norm`), and the report of the first norm run."""
+    work = "/tmp/validate-norm-e2e"
+    validate_preset(r, "norm-smollm2-h200", None, None, 540, ["--runs", "off2,norm", "--rounds", str(a.rounds),
+                                                              "--work", work],
+                    log="validate_norm_e2e.txt", env={"INFERA_SMOLLM2_DIR": a.model})
+    where = f"{work}/smollm2-135m/norm-r0/report"
+    r.run(vllm_cli("report", where), log="report-on-norm.txt")
+    r.run(vllm_cli("report", where, "--json"), log="report-on-norm.json", hide=".")
 
 
 def step_linear(r: Runner, a) -> None:
@@ -272,16 +274,19 @@ def step_linear(r: Runner, a) -> None:
 
 
 def step_foundation(r: Runner, a) -> None:
-    """doctor (plain, --json, --model), SmolLM2 end to end with the plugin on and off, and the merged report."""
+    """doctor (plain, --json, --model), SmolLM2 end to end with the plugin's default ops and off
+    (`validate --preset smollm2 --runs off2,default`), and the merged report of the default run."""
     r.run(vllm_cli("doctor"), log="doctor.txt")
     r.failed = [f for f in r.failed if "doctor" not in f]  # doctor exits 1 where an op declines: recorded, not failed
     r.run(vllm_cli("doctor", "--json"), log="doctor.json", hide=".")
     r.run(vllm_cli("doctor", "--model", a.model), log="doctor-model.txt")
     r.failed = [f for f in r.failed if "doctor" not in f]
-    r.run(py("benchmarks/e2e_smollm2.py", "--preset", a.preset, "--model", a.model, "--out", r.out, "--work",
-             "/tmp/e2e-work"), log="run.log")
-    r.run(vllm_cli("report", "/tmp/e2e-work/report-on"), log="report-on.txt")
-    r.run(vllm_cli("report", "/tmp/e2e-work/report-on", "--json"), log="report-on.json", hide=".")
+    work = "/tmp/validate-foundation"
+    validate_preset(r, "smollm2", None, str(r.out / "validate_foundation.json"), 400,
+                    ["--runs", "off2,default", "--rounds", "1", "--work", work], log="validate_foundation.txt",
+                    env={"INFERA_SMOLLM2_DIR": a.model})
+    r.run(vllm_cli("report", f"{work}/smollm2-135m/default-r0/report"), log="report-on.txt")
+    r.run(vllm_cli("report", f"{work}/smollm2-135m/default-r0/report", "--json"), log="report-on.json", hide=".")
 
 
 def step_self_check(r: Runner, a) -> None:
@@ -322,7 +327,7 @@ def validate_preset(r: Runner, preset: str | None, models: str | None, results: 
     results = results or f"benchmarks/results/{machine}/validation/{preset or 'validation'}.json"
     job = r.run(vllm_cli("validate", *source, *(["--models", models] if models else []), "--out", results,
                          "--budget-s", budget_s, *more), log=log, tail=80, **run_args)
-    if run_args.get("background"):
+    if run_args.get("background") or Path(results).parent.resolve() == r.out.resolve():
         return job
     r.run(["cp", results, str(r.out / Path(results).name)])
     plot = Path(results).with_suffix(".png")  # drawn beside the results when matplotlib is there
@@ -430,8 +435,6 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--model", default=SMOLLM2)
         if name == "norm-e2e":
             s.add_argument("--rounds", type=int, default=2)
-        if name == "foundation":
-            s.add_argument("--preset", default="h200")
     s = step("linear")
     switch(s, "bench", True, "kernel tests and bench_linear.py")
     s.add_argument("--tokens", help="bench_linear.py --tokens")

@@ -399,7 +399,7 @@ def test_presets_are_the_end_to_end_benchmarks():
     limit raised to the preset's longest prompt where needed) and whose options are validate's; the other
     presets' models are the matrix's."""
     assert validate.presets() == ["attn-paged-h200", "linear-llama3-h200", "moe-decode-h200", "norm-qwen3-h200",
-                                  "parallel-h200x2", "parallel-random-h200x2", "smollm2"]
+                                  "norm-smollm2-h200", "parallel-h200x2", "parallel-random-h200x2", "smollm2"]
     attn = _load(ROOT / "benchmarks" / "e2e_attn_paged.py", "e2e_attn_paged")
     for name in validate.presets():
         preset = json.loads(Path(validate.preset_path(name)).read_text())
@@ -476,6 +476,9 @@ def test_a_presets_own_run_is_its_op_with_more_switches(fake_engine, tmp_path, m
 
 @pytest.mark.parametrize("extra, message", [
     ({"off3": {"op": "norm"}}, "built-in run's label"),
+    ({"off-triton": {"op": None}}, "built-in run's label"),
+    ({"off-x": {"op": "norm"}}, "plugin-off run (op null) is labelled off-"),
+    ({"x": {"op": None}}, "plugin-off run (op null) is labelled off-"),
     ({"norm": {"op": "norm"}}, "built-in run's label"),
     ({"x": {"env": {}}}, "'op' required"),
     ({"x": {"op": "norm", "when": 1}}, "'op' required"),
@@ -572,3 +575,26 @@ def test_the_random_checkpoint_is_the_config_with_transformers_init(tmp_path):
     assert a["model.embed_tokens.weight"].shape == (256, 64) and a["model.embed_tokens.weight"].dtype == torch.bfloat16
     assert a["model.embed_tokens.weight"].float().std() > 0.01  # random, not zeros
     assert set(a) == set(b) and all(a[k].equal(b[k]) for k in a)
+
+
+def test_a_presets_plugin_off_run_is_a_reference_shown_not_judged(fake_engine, tmp_path, monkeypatch, capsys):
+    """norm-smollm2-h200's off-vllm-c: plugin off with vLLM's vllm_c norm provider first (vLLM arguments of its
+    own), its agreement with off and its ratios shown as a reference line, no verdict."""
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    seen = []
+    spawn = validate._spawn
+    monkeypatch.setattr(validate, "_spawn", lambda cfg, env, work: (seen.append((cfg, env)), spawn(cfg, env, work))[1])
+    monkeypatch.setattr(validate, "_models", lambda args, opts, work: [
+        {"name": "smollm2-135m", "path": _model_dir(tmp_path), "weights": "real", "llm_kwargs": {}}])
+    out = tmp_path / "v.json"
+    assert validate.main(["--preset", "norm-smollm2-h200", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
+    assert fake_engine == ["off", "off", "norm", "off"]
+    cfg, env = seen[3]
+    assert cfg["llm_kwargs"]["ir_op_priority"] == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}
+    assert env["INFERA_VLLM_OPS_DISABLE"] == "1"
+    (entry,) = json.loads(out.read_text())["models"]
+    j = validate.judge(entry)
+    assert [r["run"] for r in j["rows"]] == ["norm"]
+    (ref,) = j["references"]
+    assert ref["run"] == "off-vllm-c" and ref["agreement"] == 1.0 and ref["ratios"]["decode"]["1"] == 1.0
+    assert "off-vllm-c" in capsys.readouterr().out.split("reference")[0].splitlines()[-1]

@@ -17,7 +17,7 @@ from infera_vllm.testing import assert_no_worse_than_vllm, result_json, run_scri
 pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build]
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU end-to-end test under TRITON_INTERPRET=1 (nox sets it); on GPUs see "
-                "benchmarks/e2e_smollm2.py --preset h200-attn", allow_module_level=True)
+                "infera-vllm validate --preset smollm2", allow_module_level=True)
 
 MAKE = r"""
 import sys, torch

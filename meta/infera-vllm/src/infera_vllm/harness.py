@@ -8,8 +8,9 @@
   plugin-off run of the same invocation.
 
 Each configuration runs in its own Python process (``python -m infera_vllm.harness run-one``) because the
-plugin registers once per process: that is also how users see it. ``compare_runs`` is the tested library
-entry point; ``benchmarks/e2e_smollm2.py`` drives it and writes results.
+plugin registers once per process: that is also how users see it. ``compare_runs`` runs such a comparison
+(the CPU end-to-end test with broken op wheels installed runs on it); ``infera-vllm validate`` uses this
+module's agreement, corpus and median helpers.
 """
 
 from __future__ import annotations

@@ -246,7 +246,10 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
     configs += [{"label": op, "plugin": True, "env": {"INFERA_VLLM_OPS": op, **ALONE_ENV.get(op, {})}, "llm": {}}
                 for op in ops]
     for label, extra in (extra_runs or {}).items():
-        if extra["op"] in ops:
+        if extra["op"] is None:  # plugin off with other vLLM arguments: a reference, as off-triton
+            configs.append({"label": label, "plugin": False, "env": {**off, **extra.get("env", {})},
+                            "llm": dict(extra.get("llm", {}))})
+        elif extra["op"] in ops:
             configs.append({"label": label, "plugin": True, "op": extra["op"],
                             "env": {"INFERA_VLLM_OPS": extra["op"], **ALONE_ENV.get(extra["op"], {}),
                                     **extra.get("env", {})}, "llm": dict(extra.get("llm", {}))})
@@ -341,7 +344,18 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         rows.append({**row, "verdict": verdict})
     cost = (startups["every-op"] / startups["every-op-nocheck"] - 1
             if "every-op" in startups and "every-op-nocheck" in startups else None)
-    return {"rows": rows, "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
+    references = []  # plugin-off runs with other vLLM arguments (a matrix's off-... runs): shown, not judged
+    for label, run in runs.items():
+        good = [r for r in run.get("rounds", []) if "batches" in r]
+        if label in ("off", "off2", "off-triton") or not label.startswith("off-") or not good:
+            continue
+        ratios = {metric: {b: harness.median(v) / ref for b, ref in base[metric].items()
+                           if (v := [r["batches"][b][metric] for r in good if r["batches"].get(b, {}).get(metric)])}
+                  for metric in ("decode", "prefill")}
+        references.append({"run": label, "ratios": ratios,
+                           "agreement": (run.get("agreement") or {}).get("agreement")})
+    return {"rows": rows, "references": references,
+            "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
             "startup_off_s": harness.median(off_startup) if off_startup else None, "self_check_startup_cost": cost,
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
             "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
@@ -438,6 +452,10 @@ def render(doc: dict) -> str:
                        f"{_ratios(row['ratios']['prefill']):<22} "
                        f"{agree:>7}  {row['verdict']:<10} {_coverage_text(run.get('coverage'), ops)}"
                        + (f"  ({row['note']})" if row["note"] else ""))
+        for ref in j["references"]:
+            agree = "-" if ref["agreement"] is None else f"{ref['agreement']:.4f}"
+            out.append(f"  {ref['run']:<18} {_ratios(ref['ratios']['decode']):<28} "
+                       f"{_ratios(ref['ratios']['prefill']):<22} {agree:>7}  {'reference':<10} plugin off")
         for op, why in entry.get("skipped", {}).items():
             out.append(f"  {op:<18} not run: {why}")
         spent = []
@@ -623,19 +641,23 @@ def _options(args) -> dict:
 
 
 def _check_extra_runs(extra: dict) -> None:
-    """A preset's own runs: label -> {``op`` (one op's name), ``env`` (switch -> string), ``llm`` (vLLM
-    arguments)}; a label is new (not off..., default, every-op... or an op's own) and not the plugin's
-    selection switches (the run's op selects itself)."""
+    """A preset's own runs: label -> {``op`` (one op's name, or null: plugin off), ``env`` (switch -> string),
+    ``llm`` (vLLM arguments)}; a label is new (not off, off2, off-triton, default, every-op... or an op's own),
+    starts with ``off-`` exactly when the run is plugin off, and its env sets none of the plugin's selection
+    switches (the run's op selects itself)."""
     from infera_vllm import discovery
 
     if not isinstance(extra, dict):
         raise InputError("extra_runs: an object of label -> {op, env, llm}")
     names = {s.name for s in discovery.discover()}
     for label, run in extra.items():
-        if label.startswith("off") or label in ("default",) or label.startswith("every-op") or label in names:
+        builtin = label in ("off-triton", "default") or label.startswith("every-op") or label in names
+        if builtin or (label.startswith("off") and not label.startswith("off-")):
             raise InputError(f"extra_runs: {label!r} is a built-in run's label")
         if not isinstance(run, dict) or set(run) - EXTRA_RUN_KEYS or "op" not in run:
             raise InputError(f"extra_runs[{label!r}]: keys {', '.join(sorted(EXTRA_RUN_KEYS))} ('op' required)")
+        if (run["op"] is None) != label.startswith("off-"):
+            raise InputError(f"extra_runs[{label!r}]: a plugin-off run (op null) is labelled off-..., and only it")
         env = run.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()) or set(env) & set(_SELECTION):
             raise InputError(f"extra_runs[{label!r}].env: switch -> string, without {', '.join(_SELECTION)}")
@@ -780,7 +802,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             doc["models"].append(entry)
         entry["options"]["rounds"] = opts["rounds"]
         for label, extra in opts["extra_runs"].items():  # a preset's own run about an op that does not run here
-            if extra["op"] not in ops and (opts["runs"] is None or label in opts["runs"]):
+            if extra["op"] is not None and extra["op"] not in ops and (opts["runs"] is None or label in opts["runs"]):
                 skipped[label] = f"its op {extra['op']} does not run here: {skipped.get(extra['op'], 'not installed')}"
         entry["judge_options"], entry["skipped"], entry["ops_run"] = judge_options, skipped, ops
         configs = run_configs(list(ops), gpu=gpu, real=m["weights"] != "dummy", base_llm=base_llm,
