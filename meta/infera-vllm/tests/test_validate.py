@@ -598,3 +598,22 @@ def test_a_presets_plugin_off_run_is_a_reference_shown_not_judged(fake_engine, t
     (ref,) = j["references"]
     assert ref["run"] == "off-vllm-c" and ref["agreement"] == 1.0 and ref["ratios"]["decode"]["1"] == 1.0
     assert "off-vllm-c" in capsys.readouterr().out.split("reference")[0].splitlines()[-1]
+
+
+def test_the_defaults_table_says_what_the_specs_ship():
+    """docs/validate.md's table of each op's defaults names every installed op once, calls an op opt-in
+    exactly when its spec is not on by default, and names each default switch it cites with the spec's
+    default (attn-paged's automatic-choice switch off, norm's per-head kernel off)."""
+    from infera_vllm import discovery
+
+    text = (ROOT / "docs" / "validate.md").read_text().split("## Each op's defaults")[1].split("\n## ")[0]
+    rows = [line.split(" | ")[0].strip("| ") for line in text.splitlines() if line.startswith("| ")][1:]
+    specs = {f.spec.name: f.spec for f in discovery.discover() if f.spec is not None}
+    ops = [r for r in rows if not r.endswith("q/k norms")]  # norm's second row: its per-head setting
+    assert sorted(ops) == sorted(specs)
+    for name, spec in specs.items():
+        (line,) = [line for line in text.splitlines() if line.startswith(f"| {name} | ")]
+        assert ("opt-in" in line.split(" | ")[1]) == (not spec.default_on), name
+    switches = {s.name: s for spec in specs.values() for s in spec.switches}
+    assert "`INFERA_ATTN_PAGED_DEFAULT` off" in text and switches["INFERA_ATTN_PAGED_DEFAULT"].default is False
+    assert "INFERA_NORM_PER_HEAD_KERNEL=1" in text and switches["INFERA_NORM_PER_HEAD_KERNEL"].default is False
