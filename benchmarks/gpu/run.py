@@ -282,8 +282,8 @@ def step_foundation(r: Runner, a) -> None:
     r.run(vllm_cli("doctor", "--model", a.model), log="doctor-model.txt")
     r.failed = [f for f in r.failed if "doctor" not in f]
     work = "/tmp/validate-foundation"
-    validate_preset(r, "smollm2", None, str(r.out / "validate_foundation.json"), 400,
-                    ["--runs", "off2,default", "--rounds", "1", "--work", work], log="validate_foundation.txt",
+    validate_preset(r, "smollm2", None, None, 400, ["--runs", "off2,default", "--rounds", "1", "--work", work],
+                    log="validate_foundation.txt",
                     env={"INFERA_SMOLLM2_DIR": a.model})
     r.run(vllm_cli("report", f"{work}/smollm2-135m/default-r0/report"), log="report-on.txt")
     r.run(vllm_cli("report", f"{work}/smollm2-135m/default-r0/report", "--json"), log="report-on.json", hide=".")
@@ -327,13 +327,17 @@ def validate_preset(r: Runner, preset: str | None, models: str | None, results: 
     results = results or f"benchmarks/results/{machine}/validation/{preset or 'validation'}.json"
     job = r.run(vllm_cli("validate", *source, *(["--models", models] if models else []), "--out", results,
                          "--budget-s", budget_s, *more), log=log, tail=80, **run_args)
-    if run_args.get("background") or Path(results).parent.resolve() == r.out.resolve():
-        return job
+    if not run_args.get("background"):
+        bring_back(r, results)
+    return job
+
+
+def bring_back(r: Runner, results: str) -> None:
+    """A validate result and its plot (drawn beside it when matplotlib is there) copied to $OUT."""
     r.run(["cp", results, str(r.out / Path(results).name)])
-    plot = Path(results).with_suffix(".png")  # drawn beside the results when matplotlib is there
+    plot = Path(results).with_suffix(".png")
     if r.dry_run or plot.exists():
         r.run(["cp", str(plot), str(r.out / plot.name)])
-    return job
 
 
 def step_parallel(r: Runner, a) -> None:
@@ -356,8 +360,7 @@ def step_linear_norm_x2(r: Runner, a) -> None:
           env={"CUDA_VISIBLE_DEVICES": "0"})
     r.run(["cp", LINEAR_TUNING, str(r.out / "sm90.json")])
     r.wait(job)
-    results = "benchmarks/results/h200/validation/norm-qwen3-h200.json"
-    r.run(["cp", results, str(r.out / Path(results).name)])
+    bring_back(r, "benchmarks/results/h200/validation/norm-qwen3-h200.json")
 
 
 def step_aot_check(r: Runner, a) -> None:

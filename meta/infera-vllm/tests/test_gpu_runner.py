@@ -22,7 +22,7 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "norm-numerics": ([], "validate --preset norm-smollm2-h200"),
     "norm-e2e": ([], "validate --preset norm-smollm2-h200"),
     "linear": (["--tune", "--e2e"], "validate --preset linear-llama3-h200"),
-    "foundation": ([], "validate --preset smollm2 --out validate_foundation.json"),
+    "foundation": ([], "validate --preset smollm2 --out benchmarks/results/h200/validation/smollm2.json"),
     "self-check": ([], "validate --dummy /tmp/qwen3-moe-cut --self-check-cost"),
     "validate": (["--models", "qwen3-8b"], "validate --matrix benchmarks/validation/matrix.json --models qwen3-8b"),
     "parallel": ([], "validate --preset parallel-h200x2 --out benchmarks/results/h200x2/validation/"),

@@ -310,15 +310,10 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
                 continue
             rows.append({**row, "verdict": "error", "note": errors[-1][:300]})
             continue
-        points = []
-        for metric in row["ratios"]:
-            for b, ref in base[metric].items():
-                values = [r["batches"][b][metric] for r in good if r["batches"].get(b, {}).get(metric)]
-                if values:
-                    ratio = harness.median(values) / ref
-                    row["ratios"][metric][b] = ratio
-                    if noise[metric][b] is not None:  # a point without an off-vs-off spread is not judged
-                        points.append((ratio, max(min_effect, noise[metric][b])))
+        row["ratios"] = _ratios_to_off(good, base)
+        points = [(ratio, max(min_effect, noise[metric][b])) for metric, by_batch in row["ratios"].items()
+                  for b, ratio in by_batch.items()
+                  if noise[metric][b] is not None]  # a point without an off-vs-off spread is not judged
         agree = run.get("agreement")
         limit = attn_floor if label == "attn-paged" else floor
         row["agreement"] = agree["agreement"] if agree else None
@@ -349,10 +344,7 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         good = [r for r in run.get("rounds", []) if "batches" in r]
         if label in ("off", "off2", "off-triton") or not label.startswith("off-") or not good:
             continue
-        ratios = {metric: {b: harness.median(v) / ref for b, ref in base[metric].items()
-                           if (v := [r["batches"][b][metric] for r in good if r["batches"].get(b, {}).get(metric)])}
-                  for metric in ("decode", "prefill")}
-        references.append({"run": label, "ratios": ratios,
+        references.append({"run": label, "ratios": _ratios_to_off(good, base),
                            "agreement": (run.get("agreement") or {}).get("agreement")})
     return {"rows": rows, "references": references,
             "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
@@ -360,6 +352,17 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
             "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
                            "agreement_floor": floor, "attention_agreement_floor": attn_floor}}
+
+
+def _ratios_to_off(rounds: list[dict], base: dict) -> dict:
+    """metric -> batch -> the median over ``rounds`` against plugin off's median (``base``), where measured."""
+    out: dict = {"decode": {}, "prefill": {}}
+    for metric in out:
+        for b, ref in base[metric].items():
+            values = [r["batches"][b][metric] for r in rounds if r["batches"].get(b, {}).get(metric)]
+            if values:
+                out[metric][b] = harness.median(values) / ref
+    return out
 
 
 def rows(entry: dict) -> list[dict]:
