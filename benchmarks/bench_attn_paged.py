@@ -1,5 +1,5 @@
 """Paged attention, bf16: infera's Triton kernels vs vLLM 0.26's FA3 and Triton (unified_attention): decode
-(``ops.paged_decode``, split-KV) and, after it, ragged prefill (``ops.paged_prefill``).
+(``launch.paged_decode``, split-KV) and, after it, ragged prefill (``launch.paged_prefill``).
 
 Decode: one query token per sequence over a paged KV cache (block size 16, every sequence ``ctx`` keys long), on
 the cache exactly as vLLM 0.26's FLASH_ATTN / TRITON_ATTN backends (and ours) see it: the packed tensor of
@@ -34,7 +34,7 @@ Prefill section (on by default; ``BENCH_PREFILL=0`` skips it), run after the dec
 decode requests (1 token after 2048 cached) then one of 2048 new tokens. Inputs as vLLM hands them over:
 q ``[T, Hq, D]``, the same packed cache views as above (the new tokens' K/V already in it, random),
 block_table ``[R, pages]``, seq_lens ``[R]`` = context + new and query_start_loc ``[R + 1]`` (cumulative new
-tokens), all int32. Ours: ``ops.paged_prefill(q, key_cache, value_cache, block_table, seq_lens,
+tokens), all int32. Ours: ``launch.paged_prefill(q, key_cache, value_cache, block_table, seq_lens,
 query_start_loc, scale, out)``. FA3: ``flash_attn_varlen_func`` with cu_seqlens_q = query_start_loc,
 max_seqlen_q = the longest query, seqused_k = seq_lens, max_seqlen_k = the longest sequence, causal, and the
 AOT ``scheduler_metadata`` of FlashAttentionMetadataBuilder.build (v1/attention/backends/flash_attn.py
@@ -131,9 +131,9 @@ SWEEP_STAGES = (1, 2, 3)
 # ----------------------------------------------------------------------------------------------------------
 
 def import_ours():
-    """(ops, reference, where): the installed wheel; else, loudly, the source tree of this checkout."""
+    """(launch, reference, where): the installed wheel; else, loudly, the source tree of this checkout."""
     try:
-        from infera_ops.attn_paged import ops, reference
+        from infera_ops.attn_paged import launch, reference
     except ImportError as exc:
         import importlib
 
@@ -148,8 +148,8 @@ def import_ours():
         except ImportError:
             sys.path.insert(1, os.path.join(REPO, "meta", "infera-vllm", "src"))
             importlib.invalidate_caches()
-        from infera_ops.attn_paged import ops, reference
-    return ops, reference, os.path.dirname(ops.__file__)
+        from infera_ops.attn_paged import launch, reference
+    return launch, reference, os.path.dirname(launch.__file__)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -283,24 +283,24 @@ class Impl:
     info: dict = field(default_factory=dict)
 
 
-def make_ours(ops, case: Case, sinks=None, *, config=None, policy=None, pdl=None) -> Impl:
+def make_ours(launch, case: Case, sinks=None, *, config=None, policy=None, pdl=None) -> Impl:
     """Ours as the backend runs it: the device's decode defaults (its tuning file, INFERA_ATTN_PAGED_TUNING,
-    or ops.py's), each of which a sweep candidate may replace."""
-    cfg0, policy0, pdl0 = ops.decode_defaults(case.D, case.device)
+    or launch.py's), each of which a sweep candidate may replace."""
+    cfg0, policy0, pdl0 = launch.decode_defaults(case.D, case.device)
     policy, cfg = policy or policy0, config or cfg0
-    splits = ops.split_cap(case.B, case.Hkv, case.device, policy)  # the slice cap, as the metadata builder
+    splits = launch.split_cap(case.B, case.Hkv, case.device, policy)  # the slice cap, as the metadata builder
     # preallocated as vLLM's metadata builder does: nothing is allocated during graph capture
     # (Workspace rows are (sequence, slice) pairs: B·cap)
-    ws = ops.Workspace(case.B * splits, case.Hq, case.D, case.device, max_splits=splits)
+    ws = launch.Workspace(case.B * splits, case.Hq, case.D, case.device, max_splits=splits)
     out = torch.empty_like(case.q)
     use_pdl = pdl0 if pdl is None else pdl
 
     def run(i: int) -> None:
-        ops.paged_decode(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens, case.scale, out,
+        launch.paged_decode(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens, case.scale, out,
                          sinks=sinks, num_splits=splits, workspace=ws, config=cfg, policy=policy, pdl=use_pdl)
 
     # the slices each sequence takes (every sequence of a case has the same length)
-    used = int(ops.slices_per_sequence(case.seq_lens[:1].cpu(), splits, policy=policy)[0])
+    used = int(launch.slices_per_sequence(case.seq_lens[:1].cpu(), splits, policy=policy)[0])
     return Impl(run, out, {"splits": used, "split_cap": splits, "config": asdict(cfg), "policy": asdict(policy),
                            "pdl": use_pdl})
 
@@ -482,10 +482,10 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def bench_row(ops, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool) -> dict:
+def bench_row(launch, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool) -> dict:
     ref = reference_out(reference, case, sinks)
     factories = {
-        "ours": lambda: make_ours(ops, case, sinks),
+        "ours": lambda: make_ours(launch, case, sinks),
         "fa3": (lambda: make_fa3(case, sinks)) if fa3_ok else None,
         "triton": lambda: make_triton(case, sinks),
     }
@@ -508,7 +508,7 @@ def bench_row(ops, reference, case: Case, sinks, label: str, ceiling: float, cop
     row["speedup_vs_fa3"] = ratio(row["fa3_us"], row["ours_us"])
     row["ours_pct_stream_floor"] = None if row["ours_us"] is None else row["stream_floor_us"] / row["ours_us"] * 100
     if row["ours_ok"]:  # each of our kernels' GPU time per call (the decode kernel, the reduce where it runs)
-        impl = make_ours(ops, case, sinks)
+        impl = make_ours(launch, case, sinks)
         row["ours_kernels_us"] = kernel_times_us(lambda: [impl.run(i) for i in range(copies)], calls=copies)
     row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
     row["ours_splits"] = row["ours_info"].get("splits")
@@ -599,12 +599,12 @@ SWEEP_PROGRAMS_PER_SM = (4, 8, 16, 32, 64)
 SWEEP_SPLIT_KEYS = (64, 128, 256, 512)
 
 
-def sweep_case(ops, reference, case: Case, copies: int, deadline: float, *, timed: bool = True,
+def sweep_case(launch, reference, case: Case, copies: int, deadline: float, *, timed: bool = True,
                stages=SWEEP_STAGES) -> dict:
     """Three passes, each from the best of the last: launch configs (block_n x warps x stages) under the
     default split policy and PDL; split policies (programs_per_sm x split_keys); PDL off."""
     ref = reference_out(reference, case)
-    default = ops.decode_defaults(case.D, case.device)
+    default = launch.decode_defaults(case.D, case.device)
     results, failed, wrong, skipped = [], [], [], 0
 
     def run(cands):
@@ -615,7 +615,7 @@ def sweep_case(ops, reference, case: Case, copies: int, deadline: float, *, time
             if time.time() > deadline:
                 skipped += 1
                 continue
-            res = measure(lambda: make_ours(ops, case, config=cfg, policy=pol, pdl=pdl), case, ref, copies=copies,
+            res = measure(lambda: make_ours(launch, case, config=cfg, policy=pol, pdl=pdl), case, ref, copies=copies,
                           rep=SWEEP_REP_MS, timed=timed)
             entry = {"key": (cfg, pol, pdl), "config": asdict(cfg), "policy": asdict(pol), "pdl": pdl,
                      "splits": res["info"].get("splits"), "us": res["us"], "err": res["err"], "ok": res["ok"]}
@@ -628,9 +628,9 @@ def sweep_case(ops, reference, case: Case, copies: int, deadline: float, *, time
         good = [e for e in results if e["ok"] and e["us"] is not None]
         return min(good, key=lambda e: e["us"])["key"] if good else default
 
-    cfg, pol, pdl = run([(ops.LaunchConfig(block_n=bn, num_warps=w, num_stages=st), default[1], default[2])
+    cfg, pol, pdl = run([(launch.LaunchConfig(block_n=bn, num_warps=w, num_stages=st), default[1], default[2])
                          for bn, w, st in itertools.product(SWEEP_BLOCK_N, SWEEP_WARPS, stages)] + [default])
-    cfg, pol, pdl = run([(cfg, ops.SplitPolicy(programs_per_sm=p, split_keys=k), pdl)
+    cfg, pol, pdl = run([(cfg, launch.SplitPolicy(programs_per_sm=p, split_keys=k), pdl)
                          for p, k in itertools.product(SWEEP_PROGRAMS_PER_SM, SWEEP_SPLIT_KEYS)])
     run([(cfg, pol, not pdl)] if default[2] else [])
     for e in results:
@@ -883,16 +883,16 @@ def fa3_builder_num_splits(num_tokens: int, full_cuda_graph: bool = True) -> int
     return FA3_MAX_NUM_SPLITS if full_cuda_graph and num_tokens <= MAX_CUDAGRAPH_CAPTURE_SIZE else 0
 
 
-def make_ours_prefill(ops, case: PrefillCase) -> Impl:
+def make_ours_prefill(launch, case: PrefillCase) -> Impl:
     out = torch.empty_like(case.q)
 
     def run(i: int) -> None:
-        ops.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
+        launch.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
                           case.query_start_loc, case.scale, out)
 
     info = {}
     try:
-        block_m, cfg = ops.prefill_config(case.D, case.Hq // case.Hkv)
+        block_m, cfg = launch.prefill_config(case.D, case.Hq // case.Hkv)
         info = {"block_m": block_m, "config": asdict(cfg)}
     except Exception:  # noqa: BLE001  (informational only)
         pass
@@ -907,11 +907,11 @@ def make_triton_prefill(case: PrefillCase) -> Impl:
     return make_triton(case, None, max_seqlen_q=case.max_seqlen_q)
 
 
-def prefill_row(ops, case: PrefillCase, fa3_ok: bool) -> dict:
+def prefill_row(launch, case: PrefillCase, fa3_ok: bool) -> dict:
     t = time.time()
     ref = prefill_ref(case)
     ref_s = time.time() - t
-    factories = {"ours": lambda: make_ours_prefill(ops, case),
+    factories = {"ours": lambda: make_ours_prefill(launch, case),
                  "fa3": (lambda: make_fa3_prefill(case)) if fa3_ok else None,
                  "triton": lambda: make_triton_prefill(case)}
     row = {"config": case.config, "kind": case.kind, "case": case.label, "Hq": case.Hq, "Hkv": case.Hkv,
@@ -1047,7 +1047,7 @@ def plot_prefill(rows: list, path: str) -> None:
     plt.close(fig)
 
 
-def run_prefill(ops, doc: dict, out_dir: str, fa3_ok: bool, device) -> list:
+def run_prefill(launch, doc: dict, out_dir: str, fa3_ok: bool, device) -> list:
     """The prefill section on the GPU: a row per (config, case) into doc["prefill"]["rows"], the table, the
     figure; returns the wrong or failed (row, impl) pairs."""
     t0 = time.time()
@@ -1070,7 +1070,7 @@ def run_prefill(ops, doc: dict, out_dir: str, fa3_ok: bool, device) -> list:
         for kind, label, reqs in PREFILL_CASES:
             case = make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=device)
             check_layout(case)
-            row = prefill_row(ops, case, fa3_ok)
+            row = prefill_row(launch, case, fa3_ok)
             sec["rows"].append(row)
             print_prefill_row(row)
             del case
@@ -1102,7 +1102,7 @@ def main() -> int:
               "benchmarks/bench_attn_paged.py", file=sys.stderr)
         return 1
     t0 = time.time()
-    ops, reference, ours_from = import_ours()
+    launch, reference, ours_from = import_ours()
     machine = describe_machine()
     cold = os.environ.get("BENCH_L2", "cold") != "warm"
     sweep = os.environ.get("BENCH_SWEEP") == "1"
@@ -1130,12 +1130,12 @@ def main() -> int:
             copies = kv_copies_for(B, ctx, Hkv, D, cold)
             case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
             check_layout(case)
-            row = bench_row(ops, reference, case, None, name, ceiling, copies, fa3_ok)
+            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok)
             doc["rows"].append(row)
             print_row(row)
             if name == SINKS_CONFIG:
                 sinks = make_sinks(Hq, ctx, device)
-                row = bench_row(ops, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok)
+                row = bench_row(launch, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok)
                 row["sinks_values"] = sinks.tolist()
                 doc["rows"].append(row)
                 print_row(row)
@@ -1158,7 +1158,7 @@ def main() -> int:
     if os.environ.get("BENCH_PREFILL", "1") != "0":
         print(f"\nprefill: {len(PREFILL_CONFIGS)} configs x {len(PREFILL_CASES)} ragged batches (BENCH_PREFILL=0 "
               f"skips)", flush=True)
-        prefill_bad = run_prefill(ops, doc, out_dir, fa3_ok, device)
+        prefill_bad = run_prefill(launch, doc, out_dir, fa3_ok, device)
         path = write_json(out_dir, "bench_attn_paged", doc)
 
     if sweep:
@@ -1174,7 +1174,7 @@ def main() -> int:
             deadline = start + budget * (k + 1) / len(jobs)  # time a row leaves unused carries over
             copies = kv_copies_for(B, ctx, Hkv, D, cold)
             case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
-            doc["sweep"].append(sweep_case(ops, reference, case, copies, deadline))
+            doc["sweep"].append(sweep_case(launch, reference, case, copies, deadline))
             del case
             gc.collect()
             torch.cuda.empty_cache()
@@ -1214,7 +1214,7 @@ def cpu_smoke() -> int:
         print("BENCH_CPU_SMOKE=1 runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1 before Python "
               "starts", file=sys.stderr)
         return 1
-    ops, reference, ours_from = import_ours()
+    launch, reference, ours_from = import_ours()
     print(f"CPU smoke (Triton interpreter, no timing); ours from {ours_from}")
     torch.manual_seed(0)
     cpu = torch.device("cpu")
@@ -1238,7 +1238,7 @@ def cpu_smoke() -> int:
     for name, (Hq, Hkv, D) in HEADS.items():
         for B, ctx in smoke_rows:
             case = make_case(name, Hq, Hkv, D, B, ctx, device=cpu, copies=2)
-            print(f"{name} Hq={Hq} Hkv={Hkv} D={D} B={B} ctx={ctx} split cap={ops.split_cap(B, Hkv, cpu)}")
+            print(f"{name} Hq={Hq} Hkv={Hkv} D={D} B={B} ctx={ctx} split cap={launch.split_cap(B, Hkv, cpu)}")
             try:
                 check_layout(case)
                 expect(True, "layout: vLLM's packed NHD cache and key/value views")
@@ -1260,14 +1260,14 @@ def cpu_smoke() -> int:
                 variants.append((sinks, ref_s))
             for sinks, r in variants:
                 tag = "+sinks" if sinks is not None else ""
-                impl = make_ours(ops, case, sinks)
+                impl = make_ours(launch, case, sinks)
                 for i in range(len(case.kvs)):  # every KV copy, as the graph's calls cycle over them
                     impl.out.fill_(float("nan"))
                     impl.run(i)
                     err = max_err(impl.out, r)
                     expect(is_ok(err), f"ours{tag} copy {i} vs reference: err {err:.2e} (splits "
                                        f"{impl.info['splits']})")
-                res = measure(lambda: make_ours(ops, case, sinks), case, r, copies=2, rep=0, timed=False)
+                res = measure(lambda: make_ours(launch, case, sinks), case, r, copies=2, rep=0, timed=False)
                 expect(res["ok"] is True and res["error"] is None, f"measure(ours{tag}, untimed) ok "
                                                                    f"({res['err']}, {res['error']})")
             # the check catches a kernel reading other keys, or half of them
@@ -1304,11 +1304,11 @@ def cpu_smoke() -> int:
         # the sweep's candidates (num_stages only matters to the compiler: 2 only here)
         if name in SWEEP_CONFIGS:
             case = make_case(name, Hq, Hkv, D, 2, 96, device=cpu)
-            sw = sweep_case(ops, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
+            sw = sweep_case(launch, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
             expect(sw["n_wrong"] == 0 and sw["n_failed_to_run"] == 0,
                    f"sweep candidates ({sw['n_candidates']}) all run and match the reference")
     if os.environ.get("BENCH_PREFILL", "1") != "0":
-        smoke_prefill(ops, reference, expect, vllm_triton)
+        smoke_prefill(launch, reference, expect, vllm_triton)
     if failures:
         print(f"\nCPU smoke: {len(failures)} FAILED: " + "; ".join(failures))
         return 1
@@ -1316,7 +1316,7 @@ def cpu_smoke() -> int:
     return 0
 
 
-def smoke_prefill(ops, reference, expect, vllm_triton) -> None:
+def smoke_prefill(launch, reference, expect, vllm_triton) -> None:
     """CPU smoke of the prefill section: one tiny batch of each kind through make_prefill_case, the fast
     reference cross-checked against reference.paged_prefill_reference, ours against both, vLLM's Triton (fp32,
     where live; else our keyword arguments bound to its signature)."""
@@ -1359,13 +1359,13 @@ def smoke_prefill(ops, reference, expect, vllm_triton) -> None:
             for what, kw in (("non-causal", {"causal": False}), ("causal mask one key too far", {"shift": 1})):
                 r = tol_ratio(prefill_ref(case, **kw), ref)
                 expect(not tol_ok(r), f"{what} fails the check (err/tol {r:.1f})")
-            impl = make_ours_prefill(ops, case)
+            impl = make_ours_prefill(launch, case)
             impl.out.fill_(float("nan"))
             impl.run(0)
             r_fast, r_slow = tol_ratio(impl.out, ref), tol_ratio(impl.out, slow)
             expect(tol_ok(r_fast) and tol_ok(r_slow), f"ours vs fast / slow reference: err/tol {r_fast:.3f} / "
                                                       f"{r_slow:.3f} ({impl.info})")
-            res = measure(lambda: make_ours_prefill(ops, case), case, ref, copies=1, rep=0, timed=False,
+            res = measure(lambda: make_ours_prefill(launch, case), case, ref, copies=1, rep=0, timed=False,
                           errfn=tol_ratio, okfn=tol_ok)
             expect(res["ok"] is True and res["error"] is None, f"measure(ours prefill, untimed) ok ({res['err']}, "
                                                                f"{res['error']})")

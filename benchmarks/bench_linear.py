@@ -34,8 +34,8 @@ def main() -> int:
     from triton.runtime.errors import OutOfResources
     from triton.testing import do_bench_cudagraph
 
-    from infera_ops.linear_hipblaslt import ops, table
-    from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+    from infera_ops.linear_hipblaslt import launch, policy
+    from infera_ops.linear_hipblaslt.launch import LaunchConfig
     from infera_ops.linear_hipblaslt.reference import linear_reference
     from infera_vllm.platform import detect_gpu_family
 
@@ -44,7 +44,7 @@ def main() -> int:
     args = parser.parse_args()
     machine = describe_machine()
     ceiling = copy_ceiling_tb_s()
-    tuned = table.load(detect_gpu_family()[0] or "unknown")
+    tuned = policy.load(detect_gpu_family()[0] or "unknown")
     out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
     rows = []
     for (N, K), M in itertools.product(SHAPES, [int(t) for t in args.tokens.split(",")]):
@@ -54,7 +54,7 @@ def main() -> int:
         t_torch = do_bench_cudagraph(lambda: F.linear(x, w), rep=30) * 1e3
         t_lt, t_tunable, tunable_solution = blaslt_routes(x, w, ref)
         buckets = tuned.buckets(N, K, "bfloat16", False) if tuned else None
-        bucket = table.Table.choose(buckets, M) if buckets else None
+        bucket = policy.Table.choose(buckets, M) if buckets else None
         if bucket is not None and bucket.choice == "triton":
             cands, source = [bucket.config], "table"
         else:
@@ -64,13 +64,13 @@ def main() -> int:
         best, t_best, err = None, float("inf"), None
         for cfg in cands:
             try:
-                got = ops.skinny_linear(x, w, None, cfg)
+                got = launch.skinny_linear(x, w, None, cfg)
             except OutOfResources:  # e.g. 64-row tiles with 4 stages exceed shared memory: not a candidate
                 continue
             e = ((got.float() - ref).abs().max() / ref.abs().max()).item()
             if not e <= 2e-2:
                 continue
-            t = do_bench_cudagraph(lambda: ops.skinny_linear(x, w, None, cfg), rep=30) * 1e3
+            t = do_bench_cudagraph(lambda: launch.skinny_linear(x, w, None, cfg), rep=30) * 1e3
             if t < t_best:
                 best, t_best, err = cfg, t, e
         floor_us = max(N * K * 2 / (ceiling * 1e12), 2 * M * N * K / (PEAK_TFLOPS * 1e12)) * 1e6

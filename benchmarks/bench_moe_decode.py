@@ -119,13 +119,13 @@ def main() -> int:
     parser.add_argument("--tokens", default=",".join(map(str, MS)), help="comma-separated token counts M")
     parser.add_argument("--out", default=None, help="results directory (default results/<gpu>/)")
     args = parser.parse_args()
-    from infera_ops.moe_decode import ops, tuning
-    from infera_ops.moe_decode.kernels import LaunchConfig
+    from infera_ops.moe_decode import launch, policy
+    from infera_ops.moe_decode.launch import LaunchConfig
     from infera_ops.moe_decode.reference import moe_experts_reference
     from infera_vllm.platform import detect_gpu_family
 
     machine = describe_machine()
-    tuned = tuning.load(detect_gpu_family()[0])
+    tuned = policy.load(detect_gpu_family()[0])
     print(f"blocks: {tuned.source if tuned else 'defaults (no tuning file)'}", flush=True)
     copy, read = copy_ceiling_tb_s(), read_ceiling_tb_s()
     print(f"copy ceiling {copy:.2f} TB/s, read ceiling {read:.2f} TB/s", flush=True)
@@ -137,10 +137,10 @@ def main() -> int:
         weights = make_weights(name)
         for M in map(int, args.tokens.split(",")):
             case = Case(weights, name, M, gen)
-            cfg = tuned.config_for(M, tuning.shape_key(E, H, I, K)) if tuned else LaunchConfig()
+            cfg = tuned.config_for(M, policy.shape_key(E, H, I, K)) if tuned else LaunchConfig()
 
             def ours(x, w13, w2, weights, ids, cfg=cfg):
-                return ops.moe_experts(x, w13, w2, weights, ids, config=cfg)
+                return launch.moe_experts(x, w13, w2, weights, ids, config=cfg)
 
             err = rel_err(case.run(ours), case.run(theirs))
             if M <= 2:

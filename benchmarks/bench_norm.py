@@ -2,7 +2,7 @@
 compiled by torch.compile, side by side on one GPU.
 
 Providers: ``infera`` = what vLLM runs with the op first (the torch custom ops ``infera::*`` of
-provider.py, including the fused add's hand-over to vllm_c where that measured faster); ``infera_kernel``
+seam.py, including the fused add's hand-over to vllm_c where that measured faster); ``infera_kernel``
 = the Triton kernel alone (no hand-over); ``vllm_c``; ``native_compiled``.
 
 Bytes counted = each input read once + each output written once (rms_norm: 2·M·H·2 B; fused add:
@@ -15,7 +15,7 @@ Three timings per provider:
 - ``cold``: replayed from a CUDA graph cycling over tensor sets 4x the L2 size: every byte from HBM, no
   host cost: the kernel against the copy ceiling;
 - ``eager``: triton's do_bench (L2 flushed before each call, host launch included when it is longer than
-  the flush). vLLM itself hands eager calls below 4096 tokens to vllm_c (provider.py), so those eager rows
+  the flush). vLLM itself hands eager calls below 4096 tokens to vllm_c (seam.py), so those eager rows
   show the launch cost that rule avoids.
 
     python benchmarks/bench_norm.py            # on a GPU with vLLM installed; table + JSON + PNG under results/<gpu>/
@@ -44,10 +44,10 @@ def providers():
     from vllm import _custom_ops as vllm_ops
     from vllm.ir.ops import layernorm as native
 
-    from infera_ops.norm import ops as kernel
-    from infera_ops.norm import provider
+    from infera_ops.norm import launch as kernel
+    from infera_ops.norm import seam
 
-    provider.install("norm", allow_cpu=False)  # registers the custom ops and the fused add's hand-over
+    seam.install("norm", allow_cpu=False)  # registers the custom ops and the fused add's hand-over
 
     native_rms = torch.compile(lambda x, w: native.rms_norm.impls["native"].impl_fn(x, w, EPS), dynamic=True)
     native_fused = torch.compile(lambda x, r, w: native.fused_add_rms_norm.impls["native"].impl_fn(x, r, w, EPS),

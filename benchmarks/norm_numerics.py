@@ -24,7 +24,7 @@ def main() -> int:
     from vllm import _custom_ops as vllm_ops
     from vllm.ir.ops import layernorm as native
 
-    from infera_ops.norm import ops
+    from infera_ops.norm import launch
 
     native_rms = native.rms_norm.impls["native"].impl_fn
     native_fused = native.fused_add_rms_norm.impls["native"].impl_fn
@@ -48,10 +48,10 @@ def main() -> int:
         r = torch.randn_like(x)
         w = (torch.randn(H, device="cuda") * 0.3 + 1).to(torch.bfloat16)
         outs = {
-            "rms_norm": {"infera": ops.rms_norm(x, w, EPS), "native": native_rms(x, w, EPS),
+            "rms_norm": {"infera": launch.rms_norm(x, w, EPS), "native": native_rms(x, w, EPS),
                          "native_compiled": compiled_rms(x, w, EPS), "vllm_c": vllm_rms(x, w)},
             "fused_add_rms_norm": {
-                "infera": ops.fused_add_rms_norm(x, r, w, EPS), "native": native_fused(x, r, w, EPS),
+                "infera": launch.fused_add_rms_norm(x, r, w, EPS), "native": native_fused(x, r, w, EPS),
                 "native_compiled": compiled_fused(x, r, w, EPS), "vllm_c": vllm_fused(x, r, w)},
         }
         for op, by in outs.items():

@@ -9,7 +9,7 @@ the last:
    slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
 4. PDL off (where the GPU has it), and the slices merged in the main kernel (``merge_in_kernel``: no
    reduce launch, so no PDL);
-5. the launch config of the rows whose slice cap is 1 (ops.LaunchConfig.unsplit: large batches, one program
+5. the launch config of the rows whose slice cap is 1 (launch.LaunchConfig.unsplit: large batches, one program
    per sequence and KV head, each walking a whole sequence), timed on those rows alone; from the same
    times, per query group (heads per KV head) the launch fastest on that group's rows where it differs
    (``unsplit_by_group``); each kept only if the whole table is faster with it.
@@ -24,7 +24,7 @@ tried each.
 
 Every candidate is checked against the fp32 reference on every row (a wrong candidate is never chosen) and
 timed from CUDA-graph replays with a cold L2, as in the benchmark. Writes ``attn_paged_<family>.json`` (the
-op's tuning format, tuning.py, with what was measured) and ``tune_attn_paged.json`` (every candidate) into
+op's tuning format, policy.py, with what was measured) and ``tune_attn_paged.json`` (every candidate) into
 BENCH_OUT (default results/<gpu>/); the op reads the first from its ``tuning/`` folder once committed there,
 or from ``INFERA_ATTN_PAGED_TUNING``.
 
@@ -63,7 +63,7 @@ def _launch(cfg) -> dict | None:
 
 
 def table_entry(cfg, pol, pdl) -> dict:
-    """A decode entry of the tuning file (tuning.py's format) for these settings."""
+    """A decode entry of the tuning file (policy.py's format) for these settings."""
     entry = {**asdict(replace(cfg, unsplit=None, unsplit_by_group=())), **asdict(pol), "pdl": bool(pdl)}
     entry.pop("unsplit")
     entry.pop("unsplit_by_group")
@@ -108,7 +108,7 @@ def unsplit_by_group(shared, measured, groups) -> tuple:
     return tuple(by_group)
 
 
-def tune_prefill(ops, budget_s: float, device) -> tuple[dict, dict]:
+def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
     """(prefill section {head size: settings}, what was measured) over PREFILL_SPACE; see the docstring."""
     t0 = time.time()
     section, measured = {}, {}
@@ -120,7 +120,7 @@ def tune_prefill(ops, budget_s: float, device) -> tuple[dict, dict]:
                  for kind, label, reqs in bench.PREFILL_CASES]
         refs = [bench.prefill_ref(c) for c in cases]
         G = Hq // Hkv
-        default_m, default_cfg = ops.prefill_config(D, G, device)
+        default_m, default_cfg = launch.prefill_config(D, G, device)
         start = dict(block_m=default_m, block_n=default_cfg.block_n, num_warps=default_cfg.num_warps,
                      num_stages=default_cfg.num_stages)
         seen = []
@@ -133,13 +133,13 @@ def tune_prefill(ops, budget_s: float, device) -> tuple[dict, dict]:
             if params["block_m"] < G or time.time() > deadline:
                 return None
             bm, bn, w, st = params["block_m"], params["block_n"], params["num_warps"], params["num_stages"]
-            cfg = ops.LaunchConfig(block_n=bn, num_warps=w, num_stages=st)
+            cfg = launch.LaunchConfig(block_n=bn, num_warps=w, num_stages=st)
 
             def factory(case, bm=bm, cfg=cfg):
                 out = torch.empty_like(case.q)
 
                 def run(i: int) -> None:
-                    ops.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
+                    launch.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
                                       case.query_start_loc, case.scale, out, block_m=bm, config=cfg)
 
                 return bench.Impl(run, out, {})
@@ -192,8 +192,8 @@ def main() -> int:
         print("tune_attn_paged: needs a CUDA GPU", file=sys.stderr)
         return 1
     t0 = time.time()
-    ops, reference, ours_from = bench.import_ours()
-    from infera_ops.attn_paged import tuning
+    launch, reference, ours_from = bench.import_ours()
+    from infera_ops.attn_paged import policy
 
     device = torch.device("cuda")
     machine = describe_machine()
@@ -214,7 +214,7 @@ def main() -> int:
                 cases.append((case, copies, bench.reference_out(reference, case)))
         fa3 = [bench.measure(lambda c=c: bench.make_fa3(c), c, ref, copies=n, rep=bench.SWEEP_REP_MS)["us"]
                if fa3_ok else None for c, n, ref in cases]
-        default = ops.decode_defaults(D, device)
+        default = launch.decode_defaults(D, device)
         seen = {}
 
         def score(cand, only=None):
@@ -227,7 +227,7 @@ def main() -> int:
                 return None
             cfg, pol, pdl = cand
             picked = [cases[i] for i in only] if only else cases
-            rows = [bench.measure(lambda c=c: bench.make_ours(ops, c, config=cfg, policy=pol, pdl=pdl), c, ref,
+            rows = [bench.measure(lambda c=c: bench.make_ours(launch, c, config=cfg, policy=pol, pdl=pdl), c, ref,
                                   copies=n, rep=bench.SWEEP_REP_MS) for c, n, ref in picked]
             good = all(r["ok"] and r["us"] for r in rows)
             seen[key] = {"config": asdict(cfg), "policy": asdict(pol), "pdl": pdl, "us": [r["us"] for r in rows],
@@ -244,15 +244,15 @@ def main() -> int:
 
         cfg, pol, pdl = default
         if 1 in passes:
-            cfg, pol, pdl = best_of([default] + [(ops.LaunchConfig(bn, w, st, unsplit=cfg.unsplit), pol, pdl)
+            cfg, pol, pdl = best_of([default] + [(launch.LaunchConfig(bn, w, st, unsplit=cfg.unsplit), pol, pdl)
                                                  for bn, w, st in itertools.product(
                                                      bench.SWEEP_BLOCK_N, bench.SWEEP_WARPS, bench.SWEEP_STAGES)])
         if 2 in passes:
-            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [(cfg, ops.SplitPolicy(p, k), pdl) for p, k in
+            cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [(cfg, launch.SplitPolicy(p, k), pdl) for p, k in
                                                          itertools.product(PROGRAMS_PER_SM, SPLIT_KEYS)])
         if 3 in passes:
             cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [
-                (cfg, ops.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
+                (cfg, launch.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
                 for p in sorted({pol.programs_per_sm, 8, 16, 32})])
         if 4 in passes:
             cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else [])
@@ -260,10 +260,10 @@ def main() -> int:
         # 5. the launch of the rows whose slice cap is 1 under the chosen policy, timed on those rows alone (the
         # others never use it); then per query group (heads per KV head) the launch fastest on that group's rows
         # of the same measurements, where it is not the shared one; then the whole table with and without them
-        unsplit_rows = tuple(i for i, (c, _, _) in enumerate(cases) if ops.split_cap(c.B, c.Hkv, device, pol) == 1)
+        unsplit_rows = tuple(i for i, (c, _, _) in enumerate(cases) if launch.split_cap(c.B, c.Hkv, device, pol) == 1)
         if unsplit_rows and 5 in passes:
             plain = replace(cfg, unsplit=None, unsplit_by_group=())
-            tried = [(plain, pol, pdl)] + [(replace(plain, unsplit=ops.LaunchConfig(bn, w, st)), pol, pdl)
+            tried = [(plain, pol, pdl)] + [(replace(plain, unsplit=launch.LaunchConfig(bn, w, st)), pol, pdl)
                                            for bn, w, st in itertools.product(bench.SWEEP_BLOCK_N,
                                                                               bench.SWEEP_WARPS, bench.SWEEP_STAGES)]
             won = best_of(tried, only=unsplit_rows)
@@ -293,16 +293,16 @@ def main() -> int:
         torch.cuda.empty_cache()
 
     out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
-    family = tuning.family_of(device)
+    family = policy.family_of(device)
     tuned = {"decode": table, "measured": {"by": "benchmarks/tune_attn_paged.py", "gpu": machine.get("gpu"),
                                            "commit": machine.get("commit"), "objective": "geometric-mean us over "
                                            "bench_attn_paged.ROWS, cold L2, CUDA-graph replays"}}
-    packaged = os.path.join(os.path.dirname(tuning.__file__), "tuning", f"{family}.json")
+    packaged = os.path.join(os.path.dirname(policy.__file__), "tuning", f"{family}.json")
     if os.path.exists(packaged):
         with open(packaged) as f:
             tuned = keep_untuned(tuned, json.load(f), args.no_decode)
     if args.prefill_budget_s > 0:
-        section, doc["prefill"] = tune_prefill(ops, args.prefill_budget_s, device)
+        section, doc["prefill"] = tune_prefill(launch, args.prefill_budget_s, device)
         tuned.setdefault("prefill", {}).update(section)
         if section:
             tuned["measured"] = {**tuned.get("measured", {}), "prefill": {

@@ -25,7 +25,7 @@
    candidate's time per dims and M too) under results/<gpu>/.
 
     python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent,split_sum]
-                                         [--baseline tuning.json] [--reuse tune_moe_decode.json] [--out DIR]
+                                         [--baseline policy.json] [--reuse tune_moe_decode.json] [--out DIR]
 
 The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_DECODE_TUNING.
 """
@@ -84,15 +84,15 @@ class Scorer:
         self.seen: dict[tuple, tuple[float, list[float]]] = {}
 
     def __call__(self, params: dict) -> tuple[float, list[float]]:
-        from infera_ops.moe_decode import ops
-        from infera_ops.moe_decode.kernels import LaunchConfig
+        from infera_ops.moe_decode import launch
+        from infera_ops.moe_decode.launch import LaunchConfig
 
         key = tuple(sorted(params.items()))
         if key not in self.seen:
             cfg = LaunchConfig(**params)
 
             def ours(x, w13, w2, weights, ids):
-                return ops.moe_experts(x, w13, w2, weights, ids, config=cfg)
+                return launch.moe_experts(x, w13, w2, weights, ids, config=cfg)
 
             times = []
             for case, want in zip(self.cases, self.want):
@@ -144,7 +144,7 @@ def served_everywhere(served: dict, tokens) -> int:
 
 
 def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None, reuse: dict | None = None) -> dict:
-    from infera_ops.moe_decode import tuning
+    from infera_ops.moe_decode import policy
     from infera_vllm.platform import detect_gpu_family
 
     family, _ = detect_gpu_family()
@@ -155,7 +155,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     base = None
     if baseline:
         os.environ["INFERA_MOE_DECODE_TUNING"] = baseline
-        base = tuning.load(family)
+        base = policy.load(family)
     for M in tokens:
         if reuse is not None:
             if str(M) not in reuse:
@@ -187,7 +187,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
             mine = specialist(score.seen, i, score(mine)[1][i]) or mine
             t = score(mine)[1][i]
             if mine != best:
-                by_shape.setdefault(tuning.shape_key(*DIMS[dims]), {})[str(M)] = mine
+                by_shape.setdefault(policy.shape_key(*DIMS[dims]), {})[str(M)] = mine
             bests = {f"{name}_best_us": score(p)[1][i] if p else None
                      for name, p in (("split", split), ("fused", fused), ("persistent", persistent),
                                      ("split_sum", split_sum), ("baseline", kept))}
@@ -207,10 +207,10 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
                       f"{', '.join(DIMS)} dims; served = M where the tuned kernel is >= {MIN_SPEEDUP}x vLLM's "
                       "fused_experts for that expert shape; max_tokens for other shapes",
            "min_speedup": MIN_SPEEDUP, "max_tokens": max_tokens, "measured": list(tokens),
-           "served": {tuning.shape_key(*DIMS[d]): sorted(ms) for d, ms in served.items()},
+           "served": {policy.shape_key(*DIMS[d]): sorted(ms) for d, ms in served.items()},
            "config": by_tokens[str(tokens[-1])], "by_tokens": by_tokens, "by_shape": by_shape}
     if write:
-        path = os.path.join(os.path.dirname(tuning.__file__), "tuning", f"{family}.json")
+        path = os.path.join(os.path.dirname(policy.__file__), "tuning", f"{family}.json")
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {path}")
@@ -218,11 +218,11 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     os.environ["INFERA_MOE_DECODE_TUNING"] = os.path.join(out, f"{family}.json")
     with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
         json.dump(doc, f, indent=1)
-    loaded = tuning.load(family)
+    loaded = policy.load(family)
     dropped = []
     for M in tokens:  # re-profile through the file's own lookup, on fresh inputs
         score = Scorer(weights, M, gen)
-        times = [score(loaded.config_for(M, tuning.shape_key(*DIMS[c.dims])).as_dict())[1][i]
+        times = [score(loaded.config_for(M, policy.shape_key(*DIMS[c.dims])).as_dict())[1][i]
                  for i, c in enumerate(score.cases)]
         for case, v, t in zip(score.cases, score.vllm_us, times):
             row = next(r for r in rows if r["M"] == M and r["dims"] == case.dims)
@@ -235,7 +235,7 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     if dropped:
         for dims, M in dropped:
             served[dims].remove(M)
-            doc["served"][tuning.shape_key(*DIMS[dims])].remove(M)
+            doc["served"][policy.shape_key(*DIMS[dims])].remove(M)
             print(f"!!! re-profile: {dims} at M={M} slower than vLLM through the file's lookup: no longer served",
                   flush=True)
         doc["max_tokens"] = served_everywhere(served, tokens)

@@ -80,7 +80,7 @@ def tensor_sets(op: str, M: int, H: int, cold: bool):
 def candidates(M: int, H: int, num_sms: int):
     import triton
 
-    from infera_ops.norm.kernels import LaunchConfig
+    from infera_ops.norm.launch import LaunchConfig
 
     block_h = triton.next_power_of_2(H)
     out = []
@@ -103,16 +103,16 @@ def _compile_one(job):
     """In a worker process: launch once on small tensors with the sweep's specialisation (pointers
     16-byte aligned, M and strides multiples of 16), which fills Triton's on-disk cache."""
     op, H, cfg = job
-    from infera_ops.norm import ops
-    from infera_ops.norm.kernels import LaunchConfig
+    from infera_ops.norm import launch
+    from infera_ops.norm.launch import LaunchConfig
 
     cfg = LaunchConfig(**cfg)._replace(programs=1)
     x = torch.randn(16, H, dtype=torch.bfloat16, device="cuda")
     r, w = torch.randn_like(x), torch.randn(H, dtype=torch.bfloat16, device="cuda")
     if op == "fused_add_rms_norm":
-        ops._launch(x, r, r, w, x, EPS, config=cfg)
+        launch._launch(x, r, r, w, x, EPS, config=cfg)
     else:
-        ops._launch(x, None, None, w, torch.empty_like(x), EPS, config=cfg)
+        launch._launch(x, None, None, w, torch.empty_like(x), EPS, config=cfg)
     torch.cuda.synchronize()
     return 1
 
@@ -139,8 +139,8 @@ def precompile(num_sms: int, workers: int = 12) -> None:
 def sweep(num_sms: int):
     from vllm import _custom_ops as vllm_ops
 
-    from infera_ops.norm import ops
-    from infera_ops.norm.kernels import launch_config
+    from infera_ops.norm import launch
+    from infera_ops.norm.launch import launch_config
 
     rows_out = []
     for op in ("rms_norm", "fused_add_rms_norm"):
@@ -160,10 +160,10 @@ def sweep(num_sms: int):
                 for cfg in candidates(M, H, num_sms):
                     if fused:
                         def call(x, r, w, cfg=cfg):
-                            ops._launch(x, r, r, w, x, EPS, config=cfg)
+                            launch._launch(x, r, r, w, x, EPS, config=cfg)
                     else:
                         def call(x, y, w, cfg=cfg):
-                            ops._launch(x, None, None, w, y, EPS, config=cfg)
+                            launch._launch(x, None, None, w, y, EPS, config=cfg)
                     t = {mode: graph_us(call, s) for mode, s in sets.items()}
                     results.append((cfg, t))
                 current = launch_config(M, H, fused, num_sms)
@@ -193,7 +193,7 @@ def host_overhead(n: int = 3000):
     """Microseconds per back-to-back eager call at M = 1, H = 4096 (host-bound: the kernels take ~2 us)."""
     from vllm import _custom_ops as vllm_ops
 
-    from infera_ops.norm import ops, provider  # noqa: F401  (registers torch.ops.infera.*)
+    from infera_ops.norm import launch, seam  # noqa: F401  (registers torch.ops.infera.*)
     from infera_ops.norm.kernels import _rms_norm_fwd_kernel
 
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
@@ -209,8 +209,8 @@ def host_overhead(n: int = 3000):
         "vllm_c rms_norm (torch.ops._C)": lambda: vllm_ops.rms_norm(y, x, w, EPS),
         "vllm_c fused_add (torch.ops._C)": lambda: vllm_ops.fused_add_rms_norm(x, r, w, EPS),
         "triton raw launch": raw,
-        "infera ops.rms_norm (launcher)": lambda: ops.rms_norm(x, w, EPS, out=y),
-        "infera ops.fused_add_rms_norm": lambda: ops.fused_add_rms_norm(x, r, w, EPS, out=x, residual_out=r),
+        "infera launch.rms_norm (launcher)": lambda: launch.rms_norm(x, w, EPS, out=y),
+        "infera launch.fused_add_rms_norm": lambda: launch.fused_add_rms_norm(x, r, w, EPS, out=x, residual_out=r),
         "infera torch.ops.infera.rms_norm": lambda: torch.ops.infera.rms_norm(x, w, EPS),
         "infera torch.ops.infera.fused_add_rms_norm_": lambda: torch.ops.infera.fused_add_rms_norm_(x, r, w, EPS),
         "torch.empty_like alone": lambda: torch.empty_like(x),

@@ -17,8 +17,8 @@ from vllm.platforms import current_platform
 from infera_vllm import activation, seams
 from infera_vllm.switches import Switches
 # what the ops' activation imports, imported first: vLLM registers its own IR providers on import
-import infera_ops.attn_paged.backend, infera_ops.linear_hipblaslt.gemm, infera_ops.moe_decode.experts
-import infera_ops.norm.provider
+import infera_ops.attn_paged.seam, infera_ops.linear_hipblaslt.seam, infera_ops.moe_decode.seam
+import infera_ops.norm.seam
 
 type(current_platform)  # resolved: the platform class is one of the owners
 ABSENT = object()

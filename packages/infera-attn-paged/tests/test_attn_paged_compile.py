@@ -19,9 +19,12 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from infera_ops.attn_paged import ops, tuning  # noqa: E402
-from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel  # noqa: E402
-from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel  # noqa: E402
+from infera_ops.attn_paged import launch, policy  # noqa: E402
+from infera_ops.attn_paged.kernels import (  # noqa: E402
+    _paged_decode_kernel,
+    _paged_decode_reduce_kernel,
+    _paged_prefill_kernel,  # noqa: E402
+)
 from infera_vllm import aot  # noqa: E402
 
 pytestmark = pytest.mark.aot_compile
@@ -49,18 +52,18 @@ def _launch(cfg, **blocks) -> str:
     return " ".join([*(f"{k}={v}" for k, v in blocks.items()), f"w{cfg.num_warps}", f"s{cfg.num_stages}"])
 
 
-def decode_config(family: str, head_size: int) -> ops.LaunchConfig:
-    """The decode kernels' launch sizes on the family, as ops.decode_defaults picks them on its GPU (the
-    family's tuning file, else ops.launch_config)."""
-    with mock.patch.object(tuning, "family_of", lambda device: family):
-        return ops.decode_defaults(head_size, torch.device("cpu"))[0]
+def decode_config(family: str, head_size: int) -> launch.LaunchConfig:
+    """The decode kernels' launch sizes on the family, as launch.decode_defaults picks them on its GPU (the
+    family's tuning file, else launch.launch_config)."""
+    with mock.patch.object(policy, "family_of", lambda device: family):
+        return launch.decode_defaults(head_size, torch.device("cpu"))[0]
 
 
-def prefill_config(family: str, head_size: int, group: int) -> tuple[int, ops.LaunchConfig]:
-    """(BLOCK_M, launch sizes) of the prefill kernel on the family, as ops.prefill_config picks them on its
+def prefill_config(family: str, head_size: int, group: int) -> tuple[int, launch.LaunchConfig]:
+    """(BLOCK_M, launch sizes) of the prefill kernel on the family, as launch.prefill_config picks them on its
     GPU (the family's tuning file, else the defaults)."""
-    with mock.patch.object(tuning, "family_of", lambda device: family):
-        return ops.prefill_config(head_size, group, torch.device("cpu"))
+    with mock.patch.object(policy, "family_of", lambda device: family):
+        return launch.prefill_config(head_size, group, torch.device("cpu"))
 
 
 def compile_cases(family: str) -> list[aot.Case]:
@@ -79,21 +82,21 @@ def compile_cases(family: str) -> list[aot.Case]:
                               known_misfit=KNOWN_MISFITS.get((family, label))))
 
     for D, G in HEADS:
-        declined = tuning.declined_head_size(D, family)
+        declined = policy.declined_head_size(D, family)
         BLOCK_D = triton.next_power_of_2(D)
         cfg = decode_config(family, D)
         for split, merge in ((False, False), (True, False), (True, True)):
             c = cfg.for_slices(2 if split else 1, G)  # a slice cap of 1 takes the group's unsplit sizes where set
             consts = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
                           BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda and not merge, MERGE=merge,
-                          BLOCK_S=ops.REDUCE_BLOCK_S, **_features(split))
+                          BLOCK_S=launch.REDUCE_BLOCK_S, **_features(split))
             what = ("split, merged in the kernel" if merge else "split") if split else "one slice"
             case(_paged_decode_kernel, f"decode D={D} G={G} {what}",
                  _launch(c, BLOCK_N=c.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
                  num_warps=c.num_warps, num_stages=c.num_stages)
-        consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=ops.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,
+        consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=launch.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,
                       USE_PDL=cuda)
-        case(_paged_decode_reduce_kernel, f"reduce D={D} BLOCK_S={ops.REDUCE_BLOCK_S}", f"w{cfg.reduce_warps}",
+        case(_paged_decode_reduce_kernel, f"reduce D={D} BLOCK_S={launch.REDUCE_BLOCK_S}", f"w{cfg.reduce_warps}",
              pointers=POINTERS, constexprs=consts, num_warps=cfg.reduce_warps)
         block_m, pcfg = prefill_config(family, D, G)
         for on in (False, True):
@@ -113,7 +116,7 @@ def test_compiles_without_spills(family, case):
 @pytest.mark.skipif("sm90" not in aot.selected_families(), reason="programmatic dependent launch is sm90's")
 @pytest.mark.parametrize("pdl", [True, False])
 def test_reduce_waits_for_the_main_kernel_only_under_pdl(pdl):
-    consts = dict(D=80, BLOCK_D=128, BLOCK_S=ops.REDUCE_BLOCK_S, HAS_SINKS=pdl, HAS_WINDOW=pdl, USE_PDL=pdl)
+    consts = dict(D=80, BLOCK_D=128, BLOCK_S=launch.REDUCE_BLOCK_S, HAS_SINKS=pdl, HAS_WINDOW=pdl, USE_PDL=pdl)
     compiled = aot.compile_kernel(_paged_decode_reduce_kernel, "sm90", pointers=POINTERS, constexprs=consts)
     # the programmatic-dependent-launch wait is in the code where asked for, and only there
     assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == pdl

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from infera_ops.attn_paged import ops
+from infera_ops.attn_paged import launch
 from infera_ops.attn_paged.reference import paged_decode_reference, paged_prefill_reference
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,7 @@ def test_decode_real_sizes(B, ctx, Hq, Hkv, D):
     lens = torch.randint(ctx // 2, ctx + 1, (B,), dtype=torch.int32, device="cuda")
     q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     out = torch.full_like(q, float("nan"))
-    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out)
+    launch.paged_decode(q, k, v, bt, lens, D ** -0.5, out)
     ref = paged_decode_reference(q, k, v, bt, lens, D ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
@@ -45,7 +45,7 @@ def test_prefill_real_sizes():
     qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out = torch.full_like(q, float("nan"))
-    ops.paged_prefill(q, k, v, bt, seq_lens, qsl, D ** -0.5, out)
+    launch.paged_prefill(q, k, v, bt, seq_lens, qsl, D ** -0.5, out)
     ref = paged_prefill_reference(q, k, v, bt, seq_lens, qsl, D ** -0.5)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
@@ -65,15 +65,15 @@ def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_in_kernel):
     lens = torch.ones(B, dtype=torch.int32, device="cuda")  # vLLM captures with seq_lens filled with 1
     q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
-    cap = ops.split_cap(B, Hkv, q.device, head_size=D)
-    policy = replace(ops.decode_defaults(D, q.device)[1], merge_in_kernel=merge_in_kernel)
-    ws = ops.Workspace(B * cap, Hq, D, "cuda")
+    cap = launch.split_cap(B, Hkv, q.device, head_size=D)
+    policy = replace(launch.decode_defaults(D, q.device)[1], merge_in_kernel=merge_in_kernel)
+    ws = launch.Workspace(B * cap, Hq, D, "cuda")
     assert cap > 1  # the split path and its reduce are what the graph must hold
-    ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws,
+    launch.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws,
                      policy=policy)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws, policy=policy)
+        launch.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws, policy=policy)
     seen = set()
     for new_lens in ([40_000, 17, 1000, 0][:B], [1, 2, 3, 129][:B], [2500, 39_999, 4095, 64][:B],
                      [128, 257, 12_345, 8][:B]):
@@ -85,7 +85,7 @@ def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_in_kernel):
         ref = paged_decode_reference(q, k, v, bt, lens, D ** -0.5)
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
         assert (ws.count == 0).all(), "in-kernel merge counters left non-zero"
-        seen |= set(ops.slices_per_sequence(lens, cap, policy=policy).tolist())
+        seen |= set(launch.slices_per_sequence(lens, cap, policy=policy).tolist())
     assert 1 in seen and cap in seen and len(seen) >= 3, seen  # one slice, some, and the whole cap
 
 
@@ -95,4 +95,4 @@ def test_pdl_is_used_on_hopper():
     """On Hopper the GPU machine's Triton (3.6) offers launch_pdl, so the reduce is launched with it."""
     import triton
 
-    assert ops.pdl_supported(torch.device("cuda")), f"Triton {triton.__version__} on sm90 should offer launch_pdl"
+    assert launch.pdl_supported(torch.device("cuda")), f"Triton {triton.__version__} on sm90 should offer launch_pdl"

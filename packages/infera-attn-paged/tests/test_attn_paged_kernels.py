@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from infera_ops.attn_paged import ops
+from infera_ops.attn_paged import launch
 from infera_ops.attn_paged.reference import paged_decode_reference
 
 pytestmark = pytest.mark.interpret
@@ -35,14 +35,14 @@ def paged_case(B, Hq, Hkv, D, page, lens, dtype=torch.bfloat16, spare_blocks=5):
 
 # a slice per key at least: every sequence takes the whole cap S of slices (at these short lengths the
 # default policy would give each one or two), so the merge of many slices, empty ones included, is exercised
-EVERY_SLICE = ops.SplitPolicy(split_keys=1)
+EVERY_SLICE = launch.SplitPolicy(split_keys=1)
 
 
 def check(q, k, v, bt, lens, *, sinks=None, window_left=-1, softcap=0.0, num_splits=None, workspace=None,
           policy=None):
     out = torch.full_like(q, float("nan"))  # poisoned: an element the kernel does not write fails
     scale = q.shape[-1] ** -0.5
-    ops.paged_decode(q, k, v, bt, lens, scale, out, sinks=sinks, window_left=window_left, softcap=softcap,
+    launch.paged_decode(q, k, v, bt, lens, scale, out, sinks=sinks, window_left=window_left, softcap=softcap,
                      num_splits=num_splits, workspace=workspace, policy=policy or (EVERY_SLICE if num_splits else None))
     ref = paged_decode_reference(q, k, v, bt, lens, scale, sinks=sinks, window_left=window_left, softcap=softcap)
     assert not out.isnan().any(), "unwritten output elements"
@@ -73,11 +73,11 @@ def test_more_splits_than_keys_and_empty_sequences():
 
 @pytest.mark.parametrize("splits", [65, 130])
 def test_more_slices_than_the_reduce_merges_at_once(splits):
-    """Past ops.REDUCE_BLOCK_S slices the reduce merges them in steps with a running maximum: the long
+    """Past launch.REDUCE_BLOCK_S slices the reduce merges them in steps with a running maximum: the long
     sequence has keys in every slice (a slice is at least one 64-key tile), so each step rescales the sums of
     the steps before it; slices past a short sequence's keys (empty: lse -inf) fill whole steps. With and
     without sinks."""
-    assert splits > ops.REDUCE_BLOCK_S
+    assert splits > launch.REDUCE_BLOCK_S
     q, k, v, bt, lens = paged_case(3, 4, 2, 64, 16, [64 * splits - 5, 70, 2])
     q = q * 4  # peaked logits: the slices' log-sum-exps differ by units, so a step that skipped the
     # rescale of the earlier steps' sums would weigh them wrongly by far more than the tolerance
@@ -116,13 +116,13 @@ def test_all_features_together_and_strided_query():
 
 def test_workspace_is_used_and_checked():
     q, k, v, bt, lens = paged_case(2, 8, 2, 64, 16, [50, 70])
-    ws = ops.Workspace(2 * 4, 8, 64, DEV, max_splits=4)  # 2 sequences x 4 slices
+    ws = launch.Workspace(2 * 4, 8, 64, DEV, max_splits=4)  # 2 sequences x 4 slices
     check(q, k, v, bt, lens, num_splits=4, workspace=ws)
     with pytest.raises(ValueError, match="workspace too small"):
-        ops.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
+        launch.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
 
 
-MERGED = ops.SplitPolicy(split_keys=1, merge_in_kernel=True)
+MERGED = launch.SplitPolicy(split_keys=1, merge_in_kernel=True)
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,splits", [(9, 3, 64, 3), (8, 8, 128, 8), (4, 2, 256, 3), (9, 3, 64, 65)])
@@ -133,7 +133,7 @@ def test_slices_merged_in_the_kernel(Hq, Hkv, D, splits):
     counters back at zero after each of two calls (a CUDA graph replays the launch on the same counters)."""
     q, k, v, bt, lens = paged_case(4, Hq, Hkv, D, 16, [64 * splits - 3, 1, 130, 0])
     sinks = torch.randn(Hq, device=DEV) * 2
-    ws = ops.Workspace(4 * splits, Hq, D, DEV, max_splits=splits)
+    ws = launch.Workspace(4 * splits, Hq, D, DEV, max_splits=splits)
     kw = dict(sinks=sinks, window_left=64 * splits - 40, softcap=30.0, num_splits=splits, workspace=ws)
     for _ in range(2):
         merged = check(q, k, v, bt, lens, policy=MERGED, **kw)
@@ -147,8 +147,8 @@ def test_slices_merged_in_the_kernel(Hq, Hkv, D, splits):
 
 def test_a_merged_launch_has_no_reduce_kernel(monkeypatch):
     launched = []
-    real = ops._paged_decode_reduce_kernel
-    monkeypatch.setattr(ops, "_paged_decode_reduce_kernel", type("Spy", (), {
+    real = launch._paged_decode_reduce_kernel
+    monkeypatch.setattr(launch, "_paged_decode_reduce_kernel", type("Spy", (), {
         "__getitem__": lambda self, grid: (launched.append(grid), real[grid])[1]})())
     q, k, v, bt, lens = paged_case(2, 8, 2, 64, 16, [70, 90])
     check(q, k, v, bt, lens, num_splits=4, policy=MERGED)
@@ -157,14 +157,14 @@ def test_a_merged_launch_has_no_reduce_kernel(monkeypatch):
     assert launched == [(2, 8)]
 
 
-@pytest.mark.parametrize("by_group", [(), ((2, ops.LaunchConfig(block_n=64, num_warps=1)),), ((2, None),),
-                                      ((3, ops.LaunchConfig(block_n=64, num_warps=1)),)])
+@pytest.mark.parametrize("by_group", [(), ((2, launch.LaunchConfig(block_n=64, num_warps=1)),), ((2, None),),
+                                      ((3, launch.LaunchConfig(block_n=64, num_warps=1)),)])
 def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch, by_group):
     """LaunchConfig.unsplit serves launches whose slice cap is 1, the config itself the others; an
     ``unsplit_by_group`` entry for the call's query group (2 query heads per KV head here) replaces
     ``unsplit`` (None: the config itself), one for another group does not."""
     launched = []
-    kernel = ops._paged_decode_kernel
+    kernel = launch._paged_decode_kernel
 
     class Spy:
         def __getitem__(self, grid):
@@ -173,49 +173,49 @@ def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch, by_group):
                 return kernel[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(ops, "_paged_decode_kernel", Spy())
-    cfg = ops.LaunchConfig(block_n=32, num_warps=4, unsplit=ops.LaunchConfig(block_n=16, num_warps=2),
+    monkeypatch.setattr(launch, "_paged_decode_kernel", Spy())
+    cfg = launch.LaunchConfig(block_n=32, num_warps=4, unsplit=launch.LaunchConfig(block_n=16, num_warps=2),
                            unsplit_by_group=by_group)
     q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [40, 70])
     for splits in (1, 2):
         out = torch.full_like(q, float("nan"))
-        ops.paged_decode(q, k, v, bt, lens, 0.125, out, num_splits=splits, config=cfg, policy=EVERY_SLICE)
+        launch.paged_decode(q, k, v, bt, lens, 0.125, out, num_splits=splits, config=cfg, policy=EVERY_SLICE)
         ref = paged_decode_reference(q, k, v, bt, lens, 0.125)
         torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
-    unsplit = {(): (16, 2), ((2, ops.LaunchConfig(block_n=64, num_warps=1)),): (64, 1),
-               ((2, None),): (32, 4), ((3, ops.LaunchConfig(block_n=64, num_warps=1)),): (16, 2)}[by_group]
+    unsplit = {(): (16, 2), ((2, launch.LaunchConfig(block_n=64, num_warps=1)),): (64, 1),
+               ((2, None),): (32, 4), ((3, launch.LaunchConfig(block_n=64, num_warps=1)),): (16, 2)}[by_group]
     assert launched == [(1, *unsplit), (2, 32, 4)]
 
 
 def test_rows_past_the_batch_are_untouched():
     q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [30, 44])
     out = torch.full((3, 4, 64), 7.0, dtype=q.dtype, device=DEV)
-    ops.paged_decode(q, k, v, bt, lens, 0.125, out[:2], num_splits=2)
+    launch.paged_decode(q, k, v, bt, lens, 0.125, out[:2], num_splits=2)
     assert (out[2] == 7.0).all()
 
 
 def test_bad_shapes_raise():
     q, k, v, bt, lens = paged_case(2, 6, 4, 64, 16, [5, 6])  # 6 query heads over 4 KV heads
     with pytest.raises(ValueError, match="does not match"):
-        ops.paged_decode(q, k, v, bt, lens, 0.1)
+        launch.paged_decode(q, k, v, bt, lens, 0.1)
 
 
 def test_split_cap_fills_the_gpu_and_ignores_lengths():
     """The slice cap depends on the batch size and heads only (a CUDA graph per batch size); it shrinks as
     the batch grows, to one slice once the batch alone fills the GPU."""
     dev = torch.device(DEV)
-    pol = ops.SPLIT_POLICY
-    caps = [ops.split_cap(b, 8, dev) for b in (1, 16, 256, 4096)]
+    pol = launch.SPLIT_POLICY
+    caps = [launch.split_cap(b, 8, dev) for b in (1, 16, 256, 4096)]
     assert caps == sorted(caps, reverse=True)
-    assert caps[0] == min(pol.max_splits, pol.programs_per_sm * ops._sm_count(dev) // 8)
+    assert caps[0] == min(pol.max_splits, pol.programs_per_sm * launch._sm_count(dev) // 8)
     assert caps[-1] == 1
     for b in (1, 3, 64):
-        s = ops.split_cap(b, 3, dev)
-        assert 1 <= s <= pol.max_splits and (s == 1 or b * 3 * s <= pol.programs_per_sm * ops._sm_count(dev))
-    # a policy's own ceiling, within ops.MAX_SPLITS
-    many = ops.SplitPolicy(programs_per_sm=1024, max_splits=128)
-    assert ops.split_cap(1, 1, dev, many) == 128
-    assert ops.split_cap(1, 1, dev, ops.SplitPolicy(programs_per_sm=1024, max_splits=4096)) == ops.MAX_SPLITS
+        s = launch.split_cap(b, 3, dev)
+        assert 1 <= s <= pol.max_splits and (s == 1 or b * 3 * s <= pol.programs_per_sm * launch._sm_count(dev))
+    # a policy's own ceiling, within launch.MAX_SPLITS
+    many = launch.SplitPolicy(programs_per_sm=1024, max_splits=128)
+    assert launch.split_cap(1, 1, dev, many) == 128
+    assert launch.split_cap(1, 1, dev, launch.SplitPolicy(programs_per_sm=1024, max_splits=4096)) == launch.MAX_SPLITS
 
 
 @pytest.mark.parametrize("window", [-1, 40])
@@ -223,16 +223,16 @@ def test_slice_count_follows_each_sequence_length(window):
     """Under one cap, each sequence takes ceil(keys / split_keys) slices on the device, at most the cap: the
     workspace rows a sequence writes show how many it took (poisoned rows past them stay untouched, and a
     one-slice sequence writes its output directly, no partial rows at all)."""
-    policy = ops.SplitPolicy(split_keys=32)
+    policy = launch.SplitPolicy(split_keys=32)
     cap = 8
     lens = [1, 31, 33, 100, 300, 0]
     q, k, v, bt, seq_lens = paged_case(len(lens), 8, 2, 64, 16, lens)
-    ws = ops.Workspace(len(lens) * cap, 8, 64, DEV, max_splits=cap)
+    ws = launch.Workspace(len(lens) * cap, 8, 64, DEV, max_splits=cap)
     ws.lse.fill_(float("nan"))
     ws.out.fill_(float("nan"))  # rows past a sequence's slices hold NaN: none may leak into the merge
     check(q, k, v, bt, seq_lens, window_left=window, num_splits=cap, workspace=ws, policy=policy)
     want = [min(cap, max(1, -(-(n if window < 0 else min(n, window + 1)) // 32))) for n in lens]
-    assert ops.slices_per_sequence(seq_lens, cap, window_left=window, policy=policy).tolist() == want
+    assert launch.slices_per_sequence(seq_lens, cap, window_left=window, policy=policy).tolist() == want
     written = ~ws.lse[: len(lens) * 8 * cap].view(len(lens), 8, cap).isnan()  # [B, Hq, S]
     for b, n in enumerate(want):
         expect = torch.zeros(cap, dtype=torch.bool, device=DEV)
@@ -258,7 +258,7 @@ def check_prefill(q, k, v, bt, seq_lens, qsl, **kw):
     out = torch.full_like(q, float("nan"))
     scale = q.shape[-1] ** -0.5
     block_m = kw.pop("block_m", None)
-    ops.paged_prefill(q, k, v, bt, seq_lens, qsl, scale, out, block_m=block_m, **kw)
+    launch.paged_prefill(q, k, v, bt, seq_lens, qsl, scale, out, block_m=block_m, **kw)
     ref = paged_prefill_reference(q, k, v, bt, seq_lens, qsl, scale, **kw)
     assert not out.isnan().any(), "unwritten output elements"
     torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])

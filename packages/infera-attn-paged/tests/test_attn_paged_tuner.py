@@ -17,9 +17,9 @@ spec = importlib.util.spec_from_file_location("tune_attn_paged", ROOT / "benchma
 tune = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tune)
 
-from infera_ops.attn_paged import ops, tuning  # noqa: E402
+from infera_ops.attn_paged import launch, policy  # noqa: E402
 
-SMALL, LARGE = ops.LaunchConfig(64, 4, 2), ops.LaunchConfig(128, 4, 3)
+SMALL, LARGE = launch.LaunchConfig(64, 4, 2), launch.LaunchConfig(128, 4, 3)
 
 
 def _entry(*us):
@@ -40,10 +40,10 @@ def test_each_group_takes_the_launch_fastest_on_its_own_rows():
 
 
 def test_written_entry_reads_back_as_the_same_launches():
-    cfg = ops.LaunchConfig(64, 4, 3, 4, unsplit=LARGE, unsplit_by_group=((3, SMALL), (8, None)))
-    entry = tune.table_entry(cfg, ops.SplitPolicy(4, 64), False)
+    cfg = launch.LaunchConfig(64, 4, 3, 4, unsplit=LARGE, unsplit_by_group=((3, SMALL), (8, None)))
+    entry = tune.table_entry(cfg, launch.SplitPolicy(4, 64), False)
     assert entry["unsplit_by_group"] == {"3": {"block_n": 64, "num_warps": 4, "num_stages": 2}, "8": None}
-    decode, _, _ = tuning._parse(json.dumps({"decode": {"128": entry}}), "test")
+    decode, _, _ = policy._parse(json.dumps({"decode": {"128": entry}}), "test")
     settings = decode[128]
     assert settings.unsplit == (128, 4, 3) and settings.unsplit_by_group == ((3, (64, 4, 2)), (8, None))
 

@@ -49,7 +49,7 @@ def vllm_config(tmp_path_factory):
 def test_registered_in_the_custom_slot_and_valid(vllm_config):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from infera_ops.attn_paged.backend import InferaAttentionBackend
+    from infera_ops.attn_paged.seam import InferaAttentionBackend
 
     assert vllm_config.attention_config.backend == AttentionBackendEnum.CUSTOM
     cls = AttentionBackendEnum.CUSTOM.get_class()
@@ -68,15 +68,15 @@ def test_registered_in_the_custom_slot_and_valid(vllm_config):
 
 def test_workspace_covers_every_batch_size(vllm_config):
     """The builder's one workspace holds the partials of every batch size it can see, at its split count."""
-    from infera_ops.attn_paged import ops
-    from infera_ops.attn_paged.backend import split_table, workspace_for
+    from infera_ops.attn_paged import launch
+    from infera_ops.attn_paged.seam import split_table, workspace_for
 
     dev = torch.device(DEV)
     ws = workspace_for(split_table(256, 8, dev, 128), 32, 128, dev)
-    caps = [ops.split_cap(b, 8, dev, head_size=128) for b in range(1, 257)]
+    caps = [launch.split_cap(b, 8, dev, head_size=128) for b in range(1, 257)]
     assert all(ws.fits(b, 32, 128, cap) for b, cap in enumerate(caps, 1) if cap > 1)  # cap 1: no partials
     # small: batch x cap stays within programs_per_sm x SMs / KV heads rows as batches grow (not 256 x 64)
-    rows = ops.decode_defaults(128, dev)[1].programs_per_sm * ops._sm_count(dev) // 8
+    rows = launch.decode_defaults(128, dev)[1].programs_per_sm * launch._sm_count(dev) // 8
     assert 0 < ws.max_rows <= rows and ws.out.numel() == ws.max_rows * 32 * 128
 
 
@@ -191,14 +191,14 @@ def test_prefill_and_mixed_batch_reach_the_ragged_kernel(vllm_config, monkeypatc
 def test_prefill_route_by_default_is_fa3_where_it_runs(vllm_config, monkeypatch, features):
     """Default (``auto``): FA3 where vLLM's FA3 runs on this GPU (route ``fa3``), else the ragged kernel; the
     same answer either way, sinks, sliding window and soft-cap included."""
-    from infera_ops.attn_paged import backend
+    from infera_ops.attn_paged import seam
 
     monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
     kw = dict(features)
     sinks = torch.randn(HQ, device=DEV) if kw.pop("sinks", False) else None
     md, kv_cache, block_table, impl, q = _prefill_case(vllm_config, dict(kw, sinks=sinks))
-    route = "fa3" if backend.fa3_unavailable() is None else "kernel"
-    assert impl._infera_prefill == route, backend.fa3_unavailable()
+    route = "fa3" if seam.fa3_unavailable() is None else "kernel"
+    assert impl._infera_prefill == route, seam.fa3_unavailable()
     out = torch.full_like(q, float("nan"))
     before = _counts().get((route, "", "33-64", "call"), 0)
     impl.forward(None, q, None, None, kv_cache, md, out)
@@ -219,15 +219,15 @@ class Scales(torch.nn.Module):
 def self_checked():
     """The self-check on (``first``; ``perturb``: the kernel's outputs scaled by 1.25 when set to the op's
     name), with no bucket checked or declined yet; off again afterwards. Returns the op's Checker."""
-    from infera_ops.attn_paged import backend
+    from infera_ops.attn_paged import seam
     from infera_vllm import self_check
 
     def configure(perturb=""):
         for key in [k for k in coverage._self_checks if k[0] == "attn-paged"]:
             del coverage._self_checks[key]
-        backend._check._declined.clear()
+        seam._check._declined.clear()
         self_check.configure(mode="first", rate=0.0, perturb=perturb, strict=False)
-        return backend._check
+        return seam._check
 
     yield configure
     configure()
@@ -426,7 +426,7 @@ def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
 
     env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_REPORT_DIR": str(tmp_path)}
     on = result_json(run_script(PLATFORM_DEFAULT, env={**env, "INFERA_ATTN_PAGED_DEFAULT": "1"}))
-    assert on["auto"] == "infera_ops.attn_paged.backend.InferaAttentionBackend"
+    assert on["auto"] == "infera_ops.attn_paged.seam.InferaAttentionBackend"
     assert on["bad_head"] != on["auto"]
     off = result_json(run_script(PLATFORM_DEFAULT, env=env))
     assert off["auto"] != on["auto"] and "infera" not in off["auto"]

@@ -18,8 +18,9 @@ import pytest
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles real kernels: runs in the session without Triton's interpreter", allow_module_level=True)
 
-from infera_ops.linear_hipblaslt import ops, table, tune  # noqa: E402
-from infera_ops.linear_hipblaslt.kernels import LaunchConfig, _skinny_linear_kernel, _split_k_sum_kernel  # noqa: E402
+from infera_ops.linear_hipblaslt import launch, policy, tune  # noqa: E402
+from infera_ops.linear_hipblaslt.kernels import _skinny_linear_kernel, _split_k_sum_kernel  # noqa: E402
+from infera_ops.linear_hipblaslt.launch import LaunchConfig
 from infera_vllm import aot  # noqa: E402
 
 pytestmark = pytest.mark.aot_compile
@@ -44,14 +45,14 @@ def _case(cfg: LaunchConfig, label: str, dtype: str = "bfloat16", bias: bool = F
 
 def compile_cases(family: str) -> list[aot.Case]:
     """The family's table configs, the grid's smallest tile per token bucket, the split-K sum."""
-    found = table.load(family)
+    found = policy.load(family)
     cases = [_case(b.config, f"table N={n} K={k} M<={b.max_m}", dtype, bias)
              for (n, k, dtype, bias), buckets in sorted((found.entries if found else {}).items())
              for b in buckets if b.config is not None]
     cases += [_case(_grid_corner(m, largest=False), f"grid M={m} smallest") for m in BUCKETS]
-    cases.append(aot.Case(_split_k_sum_kernel, "split-K sum", f"BLOCK={ops.SUM_BLOCK} w4",
+    cases.append(aot.Case(_split_k_sum_kernel, "split-K sum", f"BLOCK={launch.SUM_BLOCK} w4",
                           dict(pointers={"part_ptr": "*fp32", "bias_ptr": "*bf16", "y_ptr": "*bf16"},
-                               constexprs=dict(HAS_BIAS=True, BLOCK=ops.SUM_BLOCK), divisible=("N",))))
+                               constexprs=dict(HAS_BIAS=True, BLOCK=launch.SUM_BLOCK), divisible=("N",))))
     return cases
 
 

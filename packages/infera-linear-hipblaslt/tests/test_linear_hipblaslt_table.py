@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from infera_ops.linear_hipblaslt import table
+from infera_ops.linear_hipblaslt import policy
 from infera_ops.linear_hipblaslt.tune import linear_shapes
 
 GOOD = {"entries": [{"n": 64, "k": 32, "dtype": "bfloat16", "bias": False,
@@ -15,21 +15,21 @@ GOOD = {"entries": [{"n": 64, "k": 32, "dtype": "bfloat16", "bias": False,
 
 
 def test_lookup_by_shape_and_bucket():
-    t = table.parse(json.dumps(GOOD), "test")
+    t = policy.parse(json.dumps(GOOD), "test")
     buckets = t.buckets(64, 32, "bfloat16", False)
     assert [b.max_m for b in buckets] == [4, 16]  # sorted by bound
-    assert table.Table.choose(buckets, 1).choice == "triton" and table.Table.choose(buckets, 4).config.block_k == 64
-    assert table.Table.choose(buckets, 5).choice == "default"
-    assert table.Table.choose(buckets, 17) is None  # past the last bucket: vLLM's GEMM ("above-table")
+    assert policy.Table.choose(buckets, 1).choice == "triton" and policy.Table.choose(buckets, 4).config.block_k == 64
+    assert policy.Table.choose(buckets, 5).choice == "default"
+    assert policy.Table.choose(buckets, 17) is None  # past the last bucket: vLLM's GEMM ("above-table")
     assert t.buckets(64, 32, "bfloat16", True) is None and t.buckets(64, 32, "float16", False) is None  # untuned
 
 
 def test_digest_follows_the_entries_not_the_source():
-    a, b = table.parse(json.dumps(GOOD), "a.json"), table.parse(json.dumps(GOOD), "b.json")
+    a, b = policy.parse(json.dumps(GOOD), "a.json"), policy.parse(json.dumps(GOOD), "b.json")
     assert a.digest() == b.digest()  # same decisions: the same compiled graph may be reused
     changed = json.loads(json.dumps(GOOD))
     changed["entries"][0]["buckets"][1]["max_m"] = 8
-    assert table.parse(json.dumps(changed), "a.json").digest() != a.digest()  # another table, another graph
+    assert policy.parse(json.dumps(changed), "a.json").digest() != a.digest()  # another table, another graph
 
 
 @pytest.mark.parametrize("doc, message", [
@@ -45,21 +45,21 @@ def test_digest_follows_the_entries_not_the_source():
     ({"entries": [GOOD["entries"][0], GOOD["entries"][0]]}, "listed twice"),
 ])
 def test_bad_tables_say_what_is_wrong(doc, message):
-    with pytest.raises(table.TableError, match=message):
-        table.parse(doc if isinstance(doc, str) else json.dumps(doc), "bad.json")
+    with pytest.raises(policy.TableError, match=message):
+        policy.parse(doc if isinstance(doc, str) else json.dumps(doc), "bad.json")
 
 
 def test_override_and_missing_family(monkeypatch, tmp_path):
     monkeypatch.delenv("INFERA_LINEAR_TUNING", raising=False)
-    assert table.load("gfx1151") is None  # no file: not tuned
-    assert len(table.load("cpu")) >= 1
+    assert policy.load("gfx1151") is None  # no file: not tuned
+    assert len(policy.load("cpu")) >= 1
     path = tmp_path / "t.json"
     path.write_text(json.dumps(GOOD))
     monkeypatch.setenv("INFERA_LINEAR_TUNING", str(path))
-    assert table.load("gfx1151").source == str(path)
+    assert policy.load("gfx1151").source == str(path)
     monkeypatch.setenv("INFERA_LINEAR_TUNING", str(tmp_path / "missing.json"))
-    with pytest.raises(table.TableError, match="INFERA_LINEAR_TUNING"):
-        table.load("sm90")
+    with pytest.raises(policy.TableError, match="INFERA_LINEAR_TUNING"):
+        policy.load("sm90")
 
 
 def test_tuner_shapes_split_for_tensor_parallel(tmp_path):

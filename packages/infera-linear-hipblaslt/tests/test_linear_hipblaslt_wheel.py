@@ -5,13 +5,13 @@ from infera_vllm.testing import OpWheelContract
 
 
 def _expected() -> str | None:
-    from infera_ops.linear_hipblaslt import table
+    from infera_ops.linear_hipblaslt import policy
     from infera_vllm.platform import detect_gpu_family
 
     family, _ = detect_gpu_family()
     if family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         return "triton-interpreter-off"  # on the CPU the kernel needs Triton's interpreter
-    return None if table.load(family) is not None else "not-tuned"
+    return None if policy.load(family) is not None else "not-tuned"
 
 
 class TestLinearHipblasltWheel(OpWheelContract):

@@ -3,7 +3,7 @@ there, without spilling (infera_vllm.aot: Triton's lowering and the backend's re
 of time, no GPU needed). Launches are not checked here.
 
 Launches: each entry of the family's packaged tuning file (sm90; ``by_tokens`` and ``by_shape``), else the
-family's defaults (``tuning.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on
+family's defaults (``policy.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on
 a family without a file); the persistent and split_sum forms and the split form with ``early_down`` at the
 defaults too where the file has no such entry. ``INFERA_AOT_FAMILY`` picks the families (the nox session of a
 family sets its own); unset: all of them.
@@ -20,19 +20,16 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 import triton  # noqa: E402
 
-from infera_ops.moe_decode import ops, tuning  # noqa: E402
+from infera_ops.moe_decode import launch, policy  # noqa: E402
 from infera_ops.moe_decode.kernels import (  # noqa: E402
-    FORMS,
-    LaunchConfig,
     _moe_down_kernel,
     _moe_down_sum_kernel,
     _moe_fused_kernel,
     _moe_gate_up_kernel,
     _moe_persistent_kernel,
     _row_sum_kernel,
-    block_m,
-    block_mk,
 )
+from infera_ops.moe_decode.launch import FORMS, LaunchConfig, block_m, block_mk  # noqa: E402
 from infera_vllm import aot  # noqa: E402
 
 pytestmark = pytest.mark.aot_compile
@@ -54,13 +51,13 @@ def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
                      for bound, cfg in entries.items()]
         for form in ("persistent", "split_sum"):
             if all(cfg.form != form for _, cfg in launches):
-                launches.append((f"defaults {form}", tuning.default_config(family, form)))
+                launches.append((f"defaults {form}", policy.default_config(family, form)))
         if all(not cfg.early_down for _, cfg in launches):
-            early = tuning.default_config(family, "split")
+            early = policy.default_config(family, "split")
             early.early_down = True
             launches.append(("defaults early-down", early))
         return launches
-    return [(f"defaults {form}", tuning.default_config(family, form)) for form in FORMS]
+    return [(f"defaults {form}", policy.default_config(family, form)) for form in FORMS]
 
 
 # (family, case label) -> why a configuration the op launches spills; strict xfails: a fix turns them into failures
@@ -80,21 +77,21 @@ def compile_cases(family: str) -> list[aot.Case]:
         pdl = cfg.pdl and pdl_family
         common = dict(pointers=POINTERS, divisible=DIVISIBLE, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         tiles = dict(BLOCK_MK=block_mk(TOKENS * 8), BLOCK_M=block_m(TOKENS), FP32_DOT=False)
-        launch = f"{cfg.form} BLOCK_I={cfg.block_i} w{cfg.num_warps} s{cfg.num_stages}{' pdl' if pdl else ''}"
+        settings = f"{cfg.form} BLOCK_I={cfg.block_i} w{cfg.num_warps} s{cfg.num_stages}{' pdl' if pdl else ''}"
         if cfg.form == "fused":
-            cases.append(aot.Case(_moe_fused_kernel, f"fused {label}", launch, dict(common, constexprs=dict(
+            cases.append(aot.Case(_moe_fused_kernel, f"fused {label}", settings, dict(common, constexprs=dict(
                 tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, USE_PDL=pdl)),
                 known_misfit=KNOWN_MISFITS.get((family, f"fused {label}"))))
         elif cfg.form == "persistent":
-            cases.append(aot.Case(_moe_persistent_kernel, f"persistent {label}", launch + f" BLOCK_N={cfg.block_n} "
+            cases.append(aot.Case(_moe_persistent_kernel, f"persistent {label}", settings + f" BLOCK_N={cfg.block_n} "
                                   f"BLOCK_K={cfg.block_k}", dict(common, constexprs=dict(
                                       tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                                       BLOCK_K=cfg.block_k, USE_PDL=pdl)),
                                   known_misfit=KNOWN_MISFITS.get((family, f"persistent {label}"))))
         elif cfg.form == "split_sum":
-            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch, dict(common, constexprs=dict(
+            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", settings, dict(common, constexprs=dict(
                 tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=False,
-                PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=False)),
+                PREFETCH_BLOCK=launch.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=False)),
                 known_misfit=KNOWN_MISFITS.get((family, f"gate/up {label}"))))
             # the launch's own share count, and the in-kernel merge at 4 shares (the tuner's sweep has it)
             for split_i in sorted({cfg.split_i, 4}):
@@ -110,18 +107,18 @@ def compile_cases(family: str) -> list[aot.Case]:
             prefetch = cfg.prefetch_down and pdl_family
             early = cfg.early_down and pdl_family
             pdl = pdl or early
-            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", launch + (" early-down" if early else ""),
+            cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", settings + (" early-down" if early else ""),
                                   dict(common, constexprs=dict(
                                       tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=prefetch,
-                                      PREFETCH_BLOCK=ops.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=early))))
+                                      PREFETCH_BLOCK=launch.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=early))))
             cases.append(aot.Case(_moe_down_kernel, f"down {label}", f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} "
                                   f"w{cfg.num_warps} s{cfg.num_stages}" + (" early-down" if early else ""),
                                   dict(common, constexprs=dict(tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                                                USE_PDL=pdl, EARLY_DOWN=early))))
-        cases.append(aot.Case(_row_sum_kernel, f"row sum {label}", f"BLOCK_R={ops.SUM_BLOCK_R} "
-                              f"BLOCK_N={ops.SUM_BLOCK_N}", dict(pointers=POINTERS, divisible=DIVISIBLE,
-                                                                 constexprs=dict(BLOCK_R=ops.SUM_BLOCK_R,
-                                                                                 BLOCK_N=ops.SUM_BLOCK_N,
+        cases.append(aot.Case(_row_sum_kernel, f"row sum {label}", f"BLOCK_R={launch.SUM_BLOCK_R} "
+                              f"BLOCK_N={launch.SUM_BLOCK_N}", dict(pointers=POINTERS, divisible=DIVISIBLE,
+                                                                 constexprs=dict(BLOCK_R=launch.SUM_BLOCK_R,
+                                                                                 BLOCK_N=launch.SUM_BLOCK_N,
                                                                                  USE_PDL=pdl))))
     return cases
 

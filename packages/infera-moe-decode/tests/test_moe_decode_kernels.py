@@ -14,16 +14,16 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
                 allow_module_level=True)
 pytest.importorskip("triton")
-ops = importlib.import_module("infera_ops.moe_decode.ops")
+launch = importlib.import_module("infera_ops.moe_decode.launch")
 kernels = importlib.import_module("infera_ops.moe_decode.kernels")
 # small blocks so the test shapes cross several blocks and leave ragged edges
-SMALL = kernels.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
-SMALL_FUSED = kernels.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
-SMALL_PERSISTENT = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
-SMALL_SPLIT_SUM = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16)
+SMALL = launch.LaunchConfig(block_i=16, block_h=32, block_n=32, block_k=16)
+SMALL_FUSED = launch.LaunchConfig(form="fused", block_i=16, block_h=32, block_n=16)
+SMALL_PERSISTENT = launch.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
+SMALL_SPLIT_SUM = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16)
 # each token's (slot, 16-wide chunk of I) tiles in 3 shares merged in the kernel (fewer, all non-empty, where it has
 # fewer tiles); most cases have shares that end inside a slot
-SMALL_SPLIT_SUM_I = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16,
+SMALL_SPLIT_SUM_I = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16,
                                          split_i=3)
 FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I],
                                 ids=["split", "fused", "persistent", "split_sum", "split_sum_i"])
@@ -59,7 +59,7 @@ def _check(out, ref, dtype):
 def test_moe_experts(M, H, I, E, topk, dtype, config):
     x, w13, w2, ids, weights = _case(M, H, I, E, topk, dtype, seed=M * 1000 + H)
     out = torch.full((M, H), float("nan"), dtype=dtype, device=DEVICE)
-    got = ops.moe_experts(x, w13, w2, weights, ids, out=out, config=config)
+    got = launch.moe_experts(x, w13, w2, weights, ids, out=out, config=config)
     assert got.data_ptr() == out.data_ptr()
     _check(got, moe_experts_reference(x, w13, w2, weights, ids), dtype)
 
@@ -70,19 +70,19 @@ def test_every_token_on_the_same_experts(config):
     x, w13, w2, _, _ = _case(16, 64, 32, 8, 2, torch.bfloat16, seed=7)
     ids = torch.tensor([[3, 5]] * 16, dtype=torch.int32, device=DEVICE)
     weights = torch.rand(16, 2, device=DEVICE)
-    _check(ops.moe_experts(x, w13, w2, weights, ids, config=config), moe_experts_reference(x, w13, w2, weights, ids),
+    _check(launch.moe_experts(x, w13, w2, weights, ids, config=config), moe_experts_reference(x, w13, w2, weights, ids),
            torch.bfloat16)
 
 
-@pytest.mark.parametrize("form", kernels.FORMS)
+@pytest.mark.parametrize("form", launch.FORMS)
 def test_default_blocks_int64_ids_and_strided_out(form):
     """Default blocks, int64 expert ids, bf16 router weights, an output that is a column slice of a wider
     buffer (row stride != H): the neighbouring columns must stay as they were."""
     x, w13, w2, ids, weights = _case(2, 256, 192, 4, 2, torch.bfloat16, seed=3)
     wide = torch.full((2, 300), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     out = wide[:, 20:276]
-    ops.moe_experts(x, w13, w2, weights.to(torch.bfloat16), ids.long(), out=out,
-                    config=kernels.LaunchConfig(form=form))
+    launch.moe_experts(x, w13, w2, weights.to(torch.bfloat16), ids.long(), out=out,
+                    config=launch.LaunchConfig(form=form))
     _check(out, moe_experts_reference(x, w13, w2, weights.to(torch.bfloat16).float(), ids), torch.bfloat16)
     assert torch.isnan(wide[:, :20]).all() and torch.isnan(wide[:, 276:]).all()
 
@@ -108,24 +108,24 @@ def test_expert_parallel_local_experts_only(config):
         if keep.any():
             ref[m] = moe_experts_reference(x[m:m + 1], w13, w2, weights[m:m + 1, keep], mapped[m:m + 1, keep])[0]
     out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=config, expert_map=expert_map)
+    launch.moe_experts(x, w13, w2, weights, ids, out=out, config=config, expert_map=expert_map)
     assert (out[0] == 0).all()
     _check(out, ref, torch.bfloat16)
 
 
 def test_block_i_shrinks_to_fill_the_gpu():
-    cfg = kernels.LaunchConfig(block_i=64, min_programs=300)
-    assert ops.block_i_for(cfg, 8, 768) == 16  # 8 x 48 = 384 >= 300; 8 x 24 = 192 is not
-    assert ops.block_i_for(cfg, 8, 2048) == 32  # 8 x 64 = 512; 8 x 32 = 256 is not
-    assert ops.block_i_for(cfg, 2, 64) == 16  # never below 16
-    assert ops.block_i_for(kernels.LaunchConfig(block_i=64), 1, 64) == 64  # min_programs 0: as given
+    cfg = launch.LaunchConfig(block_i=64, min_programs=300)
+    assert launch.block_i_for(cfg, 8, 768) == 16  # 8 x 48 = 384 >= 300; 8 x 24 = 192 is not
+    assert launch.block_i_for(cfg, 8, 2048) == 32  # 8 x 64 = 512; 8 x 32 = 256 is not
+    assert launch.block_i_for(cfg, 2, 64) == 16  # never below 16
+    assert launch.block_i_for(launch.LaunchConfig(block_i=64), 1, 64) == 64  # min_programs 0: as given
 
 
 def test_min_programs_gives_the_same_answer():
     x, w13, w2, ids, weights = _case(1, 80, 96, 6, 2, torch.bfloat16, seed=5)
-    cfg = kernels.LaunchConfig(form="fused", block_i=64, block_h=32, block_n=32, min_programs=12)
-    assert ops.block_i_for(cfg, 2, 96) == 16
-    _check(ops.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
+    cfg = launch.LaunchConfig(form="fused", block_i=64, block_h=32, block_n=32, min_programs=12)
+    assert launch.block_i_for(cfg, 2, 96) == 16
+    _check(launch.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
            torch.bfloat16)
 
 
@@ -133,12 +133,12 @@ def test_gate_up_columns_fill_the_gpu():
     """fill_per_sm cuts the gate/up kernel's columns per program (multiples of 16, at most the tile) so the
     experts in play give about that many programs per SM (8 off CUDA)."""
     cpu = torch.device("cpu")
-    assert ops.gate_up_cols(kernels.LaunchConfig(block_i=64), 64, 8, 768, cpu) == 64  # 0: the tile
-    fill = kernels.LaunchConfig(block_i=64, fill_per_sm=1)
-    assert ops.gate_up_cols(fill, 64, 2, 100, cpu) == 32  # 2 x 100 / 8 = 25 -> 32: 2 x 4 = 8 programs
-    assert ops.gate_up_cols(fill, 64, 1, 40, cpu) == 16  # never below 16
-    assert ops.gate_up_cols(fill, 64, 8, 2048, cpu) == 64  # never above the tile
-    assert ops.gate_up_cols(fill, 32, 2, 200, cpu) == 32  # the tile min_programs chose bounds it
+    assert launch.gate_up_cols(launch.LaunchConfig(block_i=64), 64, 8, 768, cpu) == 64  # 0: the tile
+    fill = launch.LaunchConfig(block_i=64, fill_per_sm=1)
+    assert launch.gate_up_cols(fill, 64, 2, 100, cpu) == 32  # 2 x 100 / 8 = 25 -> 32: 2 x 4 = 8 programs
+    assert launch.gate_up_cols(fill, 64, 1, 40, cpu) == 16  # never below 16
+    assert launch.gate_up_cols(fill, 64, 8, 2048, cpu) == 64  # never above the tile
+    assert launch.gate_up_cols(fill, 32, 2, 200, cpu) == 32  # the tile min_programs chose bounds it
 
 
 @pytest.mark.parametrize("form", ["split", "split_sum"])
@@ -147,10 +147,10 @@ def test_fill_per_sm_gives_the_same_answer(form, M, I, E, topk):
     """Columns per program below the tile and not dividing I (the last program's share is short): every
     activation column is written once, the answer is the reference's."""
     x, w13, w2, ids, weights = _case(M, 80, I, E, topk, torch.bfloat16, seed=I + M)
-    cfg = kernels.LaunchConfig(form=form, block_i=64, block_h=32, block_n=16, block_k=16, fill_per_sm=1)
-    assert ops.gate_up_cols(cfg, 64, min(M * topk, E), I, torch.device(DEVICE)) < 64 or DEVICE == "cuda"
+    cfg = launch.LaunchConfig(form=form, block_i=64, block_h=32, block_n=16, block_k=16, fill_per_sm=1)
+    assert launch.gate_up_cols(cfg, 64, min(M * topk, E), I, torch.device(DEVICE)) < 64 or DEVICE == "cuda"
     out = torch.full((M, 80), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+    launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
 
 
@@ -158,40 +158,40 @@ def test_split_sum_merge_leaves_its_counters_zero():
     """The split_sum form's in-kernel merge counts each (token, column block)'s shares and the last one in
     sets the count back to zero, so the next call (or graph replay) starts from zero: two calls in a row on
     different inputs are each right, and the counters are zero after."""
-    cfg = kernels.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16, split_i=4)
+    cfg = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16, split_i=4)
     for seed in (1, 2):
         x, w13, w2, ids, weights = _case(3, 48, 72, 5, 2, torch.bfloat16, seed=seed)
-        _check(ops.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
-               torch.bfloat16)
-        assert not ops.sync_counters(x.device, 1).any()
+        _check(launch.moe_experts(x, w13, w2, weights, ids, config=cfg),
+               moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
+        assert not launch.sync_counters(x.device, 1).any()
 
 
 def test_unknown_form_is_refused():
     with pytest.raises(ValueError, match="form"):
-        kernels.LaunchConfig(form="atomic")
+        launch.LaunchConfig(form="atomic")
 
 
 def test_non_unit_stride_is_refused():
     x, w13, w2, ids, weights = _case(2, 64, 32, 4, 2, torch.bfloat16, seed=1)
     with pytest.raises(ValueError, match="unit stride"):
-        ops.moe_experts(x.t().contiguous().t(), w13, w2, weights, ids)
+        launch.moe_experts(x.t().contiguous().t(), w13, w2, weights, ids)
 
 
 @pytest.mark.parametrize("family", ["cpu", "sm90"])
 def test_every_shipped_tuning_config_is_correct(family, monkeypatch):
     """The blocks each packaged tuning file ships, at each token bound it names, give the right answer
     (a file that parses but launches a broken configuration must not ship)."""
-    tuning = importlib.import_module("infera_ops.moe_decode.tuning")
+    policy = importlib.import_module("infera_ops.moe_decode.policy")
     monkeypatch.delenv("INFERA_MOE_DECODE_TUNING", raising=False)
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
-    tuned = tuning.load(family)
+    tuned = policy.load(family)
     assert tuned is not None and tuned.largest_served >= 1
     launches = [(M, tuned.config_for(M)) for M in sorted({1, tuned.largest_served} | {b for b, _ in tuned.by_tokens})]
     launches += [(bound, cfg) for entries in tuned.by_shape.values() for bound, cfg in entries]
     for M, cfg in launches:
         x, w13, w2, ids, weights = _case(M, 136, 72, 6, 3, torch.bfloat16, seed=M)
         out = torch.full((M, 136), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+        launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
         _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
 
 
@@ -200,24 +200,24 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
     launch, so the next launch, or the next replay of a CUDA graph that captured it, starts clean; on a GPU
     the same launches captured in one graph and replayed give the eager answers (every program of one per
     SM taking tickets, down items waiting on their experts)."""
-    cfg = kernels.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
+    cfg = launch.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
     cases = [_case(M, 136, 72, 12, 4, torch.bfloat16, seed=40 + M) for M in (1, 3, 8)]
     for x, w13, w2, ids, weights in cases:
-        _check(ops.moe_experts(x, w13, w2, weights, ids, config=cfg), moe_experts_reference(x, w13, w2, weights, ids),
-               torch.bfloat16)
-        assert not ops.sync_counters(x.device, 2 + ids.numel()).any()
+        _check(launch.moe_experts(x, w13, w2, weights, ids, config=cfg),
+               moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
+        assert not launch.sync_counters(x.device, 2 + ids.numel()).any()
     if DEVICE != "cuda":
         return
     outs = [torch.full((c[0].shape[0], 136), float("nan"), dtype=torch.bfloat16, device=DEVICE) for c in cases]
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # the eager warm-up on the capture stream, as vLLM's
         for (x, w13, w2, ids, weights), out in zip(cases, outs):
-            ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+            launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for (x, w13, w2, ids, weights), out in zip(cases, outs):
-            ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+            launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     for _ in range(20):
         for out in outs:
             out.fill_(float("nan"))
@@ -241,7 +241,7 @@ def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early, fill):
     split_sum one also with its down pass over 4 shares of I merged in the kernel."""
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    cfg = kernels.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm, early_down=early,
+    cfg = launch.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm, early_down=early,
                                fill_per_sm=fill, split_i=per_sm if form == "split_sum" else 1)
-    ops.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
+    launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

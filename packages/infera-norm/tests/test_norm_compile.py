@@ -1,5 +1,5 @@
 """The RMSNorm kernel compiles for every GPU family, on any machine, at every launch configuration
-kernels.launch_config picks for common hidden sizes, without spilling (infera_vllm.aot: Triton's lowering and
+launch.launch_config picks for common hidden sizes, without spilling (infera_vllm.aot: Triton's lowering and
 the backend's register allocation run ahead of time, no GPU needed). Launches are not checked here.
 
 ``INFERA_AOT_FAMILY`` picks the families (the nox session of a family sets its own); unset: all of them.
@@ -13,7 +13,8 @@ import pytest
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles real kernels: runs in the session without Triton's interpreter", allow_module_level=True)
 
-from infera_ops.norm.kernels import _rms_norm_fwd_kernel, launch_config  # noqa: E402
+from infera_ops.norm.kernels import _rms_norm_fwd_kernel  # noqa: E402
+from infera_ops.norm.launch import launch_config  # noqa: E402
 from infera_vllm import aot  # noqa: E402
 
 pytestmark = pytest.mark.aot_compile

@@ -1,10 +1,11 @@
-"""The hand-overs to vLLM's own kernels (provider.py): eager launch cost, per-head norms while compiling, and
+"""The hand-overs to vLLM's own kernels (seam.py): eager launch cost, per-head norms while compiling, and
 the fused add's shapes where vllm_c measured faster. vLLM's real kernels serve; no Triton kernel runs here."""
 
 import pytest
 import torch
 
-provider = pytest.importorskip("infera_ops.norm.provider")
+seam = pytest.importorskip("infera_ops.norm.seam")
+policy = pytest.importorskip("infera_ops.norm.policy")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # vLLM's CUDA build has no CPU kernels
 
 
@@ -17,7 +18,7 @@ def _x(tokens, hidden=576):
 ])
 def test_eager_calls_below_the_threshold_are_declined(tokens, eager_min, expected):
     x = _x(tokens)
-    got = provider.decline_reason(x, torch.randn(576, dtype=torch.bfloat16, device=DEVICE), None, allow_cpu=True,
+    got = policy.decline_reason(x, torch.randn(576, dtype=torch.bfloat16, device=DEVICE), None, allow_cpu=True,
                                   eager_min_tokens=eager_min)
     assert got == expected
 
@@ -29,7 +30,7 @@ def test_fake_tensors_are_not_declined_for_launch_cost():
     with FakeTensorMode():
         x = torch.empty(16, 576, dtype=torch.bfloat16)
         w = torch.empty(576, dtype=torch.bfloat16)
-        assert provider.decline_reason(x, w, None, allow_cpu=True, eager_min_tokens=4096) is None
+        assert policy.decline_reason(x, w, None, allow_cpu=True, eager_min_tokens=4096) is None
 
 
 @pytest.mark.parametrize("tokens, hidden, hands_over", [
@@ -37,16 +38,16 @@ def test_fake_tensors_are_not_declined_for_launch_cost():
     (1024, 2048, False), (1024, 576, False),
 ])
 def test_fused_add_band_handed_to_vllm_c(tokens, hidden, hands_over):
-    assert provider._vllm_c_hands_over(tokens, hidden) is hands_over
+    assert policy.vllm_c_hands_over(tokens, hidden) is hands_over
 
 
 def test_fused_add_op_hands_over_in_place_and_counts(monkeypatch):
-    vllm_c = provider._vllm_c_fused_add()
+    vllm_c = seam._vllm_c_fused_add()
     if vllm_c is None:
         pytest.skip("this vLLM build has no torch.ops._C.fused_add_rms_norm")
     seen = []
-    monkeypatch.setitem(provider._handover, "vllm_c", vllm_c)
-    monkeypatch.setitem(provider._handover, "count", lambda reason, x: seen.append((reason, x.shape[0])))
+    monkeypatch.setitem(seam._handover, "vllm_c", vllm_c)
+    monkeypatch.setitem(seam._handover, "count", lambda reason, x: seen.append((reason, x.shape[0])))
     x, r = _x(512, 4096), _x(512, 4096)
     w = torch.randn(4096, dtype=torch.bfloat16, device=DEVICE)
     from infera_ops.norm.reference import fused_add_rms_norm_reference
@@ -58,15 +59,15 @@ def test_fused_add_op_hands_over_in_place_and_counts(monkeypatch):
     torch.testing.assert_close(x.float(), y_ref.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("raw, expected", [("", provider.EAGER_NEVER), ("0", 0), (" 512 ", 512), ("lots", None),
+@pytest.mark.parametrize("raw, expected", [("", policy.EAGER_NEVER), ("0", 0), (" 512 ", 512), ("lots", None),
                                            ("-1", None)])
 def test_eager_threshold_switch(monkeypatch, raw, expected):
     monkeypatch.setenv("INFERA_NORM_EAGER_MIN_TOKENS", raw)
     if expected is None:  # the plugin refuses it first: the op is declined 'bad-switch' with this message
         with pytest.raises(ValueError, match="INFERA_NORM_EAGER_MIN_TOKENS"):
-            provider.eager_min_tokens()
+            policy.eager_min_tokens()
     else:
-        assert provider.eager_min_tokens() == expected
+        assert policy.eager_min_tokens() == expected
 
 
 @pytest.mark.parametrize("shape, fake, switch_on, expected", [
@@ -87,7 +88,7 @@ def test_per_head_norms_left_to_inductor_while_compiling(shape, fake, switch_on,
     with FakeTensorMode() if fake else nullcontext():
         x = torch.randn(*shape, dtype=torch.bfloat16)
         w = torch.randn(shape[-1], dtype=torch.bfloat16)
-        got = provider.decline_reason(x, w, None, allow_cpu=True, per_head_to_vllm=switch_on)
+        got = policy.decline_reason(x, w, None, allow_cpu=True, per_head_to_vllm=switch_on)
     assert got == expected
 
 
@@ -96,7 +97,7 @@ def test_per_head_rule_leaves_the_fused_add_alone():
 
     with FakeTensorMode():
         x, r = torch.empty(2, 8, 4096, dtype=torch.bfloat16), torch.empty(2, 8, 4096, dtype=torch.bfloat16)
-        assert provider.decline_reason(x, None, None, r, allow_cpu=True, per_head_to_vllm=True) is None
+        assert policy.decline_reason(x, None, None, r, allow_cpu=True, per_head_to_vllm=True) is None
 
 
 @pytest.mark.parametrize("raw, expected", [("", False), ("0", False), ("1", True), ("yes", True), ("off", False),
@@ -105,6 +106,6 @@ def test_per_head_switch(monkeypatch, raw, expected):
     monkeypatch.setenv("INFERA_NORM_PER_HEAD_KERNEL", raw)
     if expected is None:
         with pytest.raises(ValueError, match="INFERA_NORM_PER_HEAD_KERNEL"):
-            provider.per_head_kernel()
+            policy.per_head_kernel()
     else:
-        assert provider.per_head_kernel() is expected
+        assert policy.per_head_kernel() is expected

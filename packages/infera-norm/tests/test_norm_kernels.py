@@ -16,7 +16,7 @@ if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU kernel tests need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
                 allow_module_level=True)
 pytest.importorskip("triton")
-ops = importlib.import_module("infera_ops.norm.ops")
+launch = importlib.import_module("infera_ops.norm.launch")
 
 # (dtype, atol, rtol) against an fp32 reference: one bf16/fp16 rounding of the output, plus the rounding
 # of the normalised row to the weight dtype before the multiply.
@@ -38,7 +38,7 @@ def _assert_close(got, ref, atol, rtol):
 def test_rms_norm(M, H, dtype, atol, rtol):
     x = torch.randn(M, H, dtype=dtype, device=DEVICE) * 3 + 0.5
     w = torch.randn(H, dtype=dtype, device=DEVICE)
-    y = ops.rms_norm(x, w, 1e-6, out=_poisoned(x.shape, dtype))
+    y = launch.rms_norm(x, w, 1e-6, out=_poisoned(x.shape, dtype))
     assert y.shape == x.shape and y.dtype == dtype
     _assert_close(y, rms_norm_reference(x, w, 1e-6), atol, rtol)
 
@@ -49,7 +49,8 @@ def test_fused_add_rms_norm(M, H, dtype, atol, rtol):
     x = torch.randn(M, H, dtype=dtype, device=DEVICE)
     r = torch.randn(M, H, dtype=dtype, device=DEVICE)
     w = torch.randn(H, dtype=dtype, device=DEVICE)
-    y, h = ops.fused_add_rms_norm(x, r, w, 1e-5, out=_poisoned(x.shape, dtype), residual_out=_poisoned(x.shape, dtype))
+    y, h = launch.fused_add_rms_norm(x, r, w, 1e-5, out=_poisoned(x.shape, dtype),
+                                     residual_out=_poisoned(x.shape, dtype))
     y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-5)
     _assert_close(h, h_ref, atol, rtol)
     _assert_close(y, y_ref, atol, rtol)
@@ -60,21 +61,22 @@ def test_strided_view_and_leading_dims():
     qkv = torch.randn(6, 3 * 128, dtype=torch.bfloat16, device=DEVICE)
     q = qkv[:, :128]
     w = torch.randn(128, dtype=torch.bfloat16, device=DEVICE)
-    _assert_close(ops.rms_norm(q, w, 1e-6, out=_poisoned(q.shape, q.dtype)), rms_norm_reference(q, w, 1e-6), 2e-2, 2e-2)
+    _assert_close(launch.rms_norm(q, w, 1e-6, out=_poisoned(q.shape, q.dtype)), rms_norm_reference(q, w, 1e-6),
+                  2e-2, 2e-2)
     x3 = torch.randn(2, 3, 576, dtype=torch.bfloat16, device=DEVICE)
     w3 = torch.randn(576, dtype=torch.bfloat16, device=DEVICE)
-    _assert_close(ops.rms_norm(x3, w3, 1e-6), rms_norm_reference(x3, w3, 1e-6), 2e-2, 2e-2)
+    _assert_close(launch.rms_norm(x3, w3, 1e-6), rms_norm_reference(x3, w3, 1e-6), 2e-2, 2e-2)
 
 
 def test_without_weight():
     x = torch.randn(3, 200, dtype=torch.float16, device=DEVICE)
-    _assert_close(ops.rms_norm(x, None, 1e-6), rms_norm_reference(x, None, 1e-6), 4e-3, 4e-3)
+    _assert_close(launch.rms_norm(x, None, 1e-6), rms_norm_reference(x, None, 1e-6), 4e-3, 4e-3)
 
 
 def test_non_unit_column_stride_is_refused():
     x = torch.randn(64, 4, dtype=torch.bfloat16, device=DEVICE).t()
     with pytest.raises(ValueError, match="contiguous"):
-        ops.rms_norm(x, None, 1e-6)
+        launch.rms_norm(x, None, 1e-6)
 
 
 @pytest.mark.parametrize("M, H", [(3, 576), (5, 2048), (1, 123)])
@@ -84,7 +86,7 @@ def test_fused_add_in_place(M, H):
     r = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
     w = torch.randn(H, dtype=torch.bfloat16, device=DEVICE)
     y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
-    y, h = ops.fused_add_rms_norm(x, r, w, 1e-6, out=x, residual_out=r)
+    y, h = launch.fused_add_rms_norm(x, r, w, 1e-6, out=x, residual_out=r)
     assert y.data_ptr() == x.data_ptr() and h.data_ptr() == r.data_ptr()
     _assert_close(x, y_ref, 2e-2, 2e-2)
     _assert_close(r, h_ref, 2e-2, 2e-2)
@@ -94,7 +96,7 @@ def test_fused_add_in_place(M, H):
 @pytest.mark.parametrize("programs, rows, M, H", [(2, 2, 17, 576), (3, 1, 10, 2048), (1, 4, 9, 96)])
 def test_persistent_launch_covers_every_row(fused, programs, rows, M, H):
     """Fewer programs than row blocks: each program loops; rows past M are masked, none skipped."""
-    from infera_ops.norm.kernels import LaunchConfig
+    from infera_ops.norm.launch import LaunchConfig
 
     cfg = LaunchConfig(block_h=1 << (H - 1).bit_length(), rows=rows, num_warps=4, programs=programs, num_stages=2)
     x = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
@@ -102,11 +104,11 @@ def test_persistent_launch_covers_every_row(fused, programs, rows, M, H):
     w = torch.randn(H, dtype=torch.bfloat16, device=DEVICE)
     y, h = _poisoned(x.shape, x.dtype), _poisoned(x.shape, x.dtype)
     if fused:
-        ops._launch(x, r, h, w, y, 1e-6, config=cfg)
+        launch._launch(x, r, h, w, y, 1e-6, config=cfg)
         y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
         _assert_close(h, h_ref, 2e-2, 2e-2)
     else:
-        ops._launch(x, None, None, w, y, 1e-6, config=cfg)
+        launch._launch(x, None, None, w, y, 1e-6, config=cfg)
         y_ref = rms_norm_reference(x, w, 1e-6)
     _assert_close(y, y_ref, 2e-2, 2e-2)
 
@@ -123,13 +125,13 @@ def test_cuda_graph_capture_and_replay(M, H):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up (compile) outside the capture, as vLLM does
-        ops.rms_norm(x, w, 1e-6, out=y)
-        ops.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-6)
+        launch.rms_norm(x, w, 1e-6, out=y)
+        launch.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-6)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.rms_norm(x, w, 1e-6, out=y)
-        ops.fused_add_rms_norm(x, r, w, 1e-6, out=x, residual_out=r)
+        launch.rms_norm(x, w, 1e-6, out=y)
+        launch.fused_add_rms_norm(x, r, w, 1e-6, out=x, residual_out=r)
     for _ in range(2):  # fresh inputs each replay
         x.copy_(torch.randn_like(x)), r.copy_(torch.randn_like(r))
         y.fill_(float("nan"))

@@ -1,4 +1,5 @@
-"""Installs the operator into vLLM. Imported only after the plugin's checks passed, so heavy imports are fine.
+"""REPLACE_ME: the vLLM side of the operator (the classes or functions vLLM calls) and how it is installed.
+Imported only after the plugin's spec checks passed, so heavy imports (torch, vLLM) are fine at the top.
 
 ``check(ctx)``: the op's own conditions (platform, tuning file), no side effects; the plugin calls it first,
 in serving and in ``infera-vllm doctor`` alike (a raise is an ``activate-error`` decline). The switches

@@ -20,5 +20,6 @@ SPEC = OpSpec(
     # True/False), "int" (minimum=...), "choice" (choices=(...), default one of them), "path"; unset: default.
     switches=(
         Switch("INFERA_REPLACE_ME_EAGER", "flag", False, doc="REPLACE_ME: what turning it on changes"),
+        Switch("INFERA_REPLACE_ME_TUNING", "path", doc="tuning file replacing the family's tuning/<family>.json"),
     ),
 )

@@ -32,7 +32,7 @@ def paged_decode_reference(q, key_cache, value_cache, block_table, seq_lens, sca
 
 def paged_prefill_reference(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, *, sinks=None,
                             window_left=-1, softcap=0.0):
-    """Ragged causal attention over the cache (see prefill_kernels.py) -> ``[T, Hq, D]`` fp32: each query token
+    """Ragged causal attention over the cache (see kernels.py, Prefill) -> ``[T, Hq, D]`` fp32: each query token
     is a one-token decode over the keys up to its own position."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for r in range(seq_lens.shape[0]):

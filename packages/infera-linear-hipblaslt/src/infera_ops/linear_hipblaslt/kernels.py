@@ -81,18 +81,3 @@ def _split_k_sum_kernel(
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + m.to(tl.int64) * y_row_stride + cols, acc.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-class LaunchConfig:
-    """Blocks of one tuned (shape, M bucket); the tuning table stores them (table.py)."""
-
-    __slots__ = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
-
-    def __init__(self, block_m=16, block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=3):
-        self.block_m, self.block_n, self.block_k, self.split_k = block_m, block_n, block_k, split_k
-        self.num_warps, self.num_stages = num_warps, num_stages
-        if block_m < 16 or block_n < 16 or block_k < 16 or split_k < 1:
-            raise ValueError(f"blocks must be >= 16 (tl.dot) and split_k >= 1: {self.as_dict()}")
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}

@@ -1,4 +1,4 @@
-"""``infera-vllm tune linear --model CONFIG``: write this GPU family's tuning table (table.py).
+"""``infera-vllm tune linear --model CONFIG``: write this GPU family's tuning table (policy.py).
 
 For every linear shape of the model (from its ``config.json``; qkv / gate-up split N and o / down split K
 across ``--tp`` ranks; the LM head is not served) and every token count in ``--tokens``: time vLLM's GEMM
@@ -42,7 +42,7 @@ def linear_shapes(config: str, tp: int) -> list[dict]:
 
 
 def _candidates(m: int):
-    from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+    from infera_ops.linear_hipblaslt.launch import LaunchConfig
 
     block_m = max(16, min(64, 1 << (m - 1).bit_length()))
     for values in itertools.product(*GRID.values()):
@@ -50,7 +50,7 @@ def _candidates(m: int):
 
 
 def compile_args(cfg, dtype: str = "bfloat16", bias: bool = False) -> dict:
-    """``infera_vllm.aot.compile_kernel``'s keywords for the skinny-M kernel at ``cfg``, as ops.skinny_linear
+    """``infera_vllm.aot.compile_kernel``'s keywords for the skinny-M kernel at ``cfg``, as launch.skinny_linear
     launches it (K, N and the K slice multiples of 16, as the tuned model shapes are; with SPLIT_K > 1 the
     kernel writes fp32 partials)."""
     elem = {"bfloat16": "*bf16", "float16": "*fp16"}[dtype]
@@ -86,7 +86,7 @@ def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log, family:
     from triton.runtime.errors import OutOfResources
     from triton.testing import do_bench_cudagraph
 
-    from infera_ops.linear_hipblaslt import ops
+    from infera_ops.linear_hipblaslt import launch
     from infera_ops.linear_hipblaslt.reference import linear_reference
     from infera_vllm import aot
 
@@ -105,13 +105,13 @@ def tune_shape(shape: dict, tokens: tuple[int, ...], margin: float, log, family:
             candidates = fitting(candidates, family, shape["dtype"], log)
         for cfg in candidates:
             try:
-                got = ops.skinny_linear(x, w, None, cfg)
+                got = launch.skinny_linear(x, w, None, cfg)
             except OutOfResources as exc:  # e.g. 64-row tiles with 4 stages exceed shared memory: not a candidate
                 log(f"  skip {cfg.as_dict()}: {type(exc).__name__}")
                 continue
             if not (got.float() - ref).abs().max().item() <= 2e-2 * scale:
                 continue
-            us = do_bench_cudagraph(lambda: ops.skinny_linear(x, w, None, cfg), rep=20) * 1e3
+            us = do_bench_cudagraph(lambda: launch.skinny_linear(x, w, None, cfg), rep=20) * 1e3
             if us < best_us:
                 best, best_us = cfg, us
         speedup = default_us / best_us if best else 0.0

@@ -1,12 +1,37 @@
-"""Installs infera-moe-decode: vLLM's unquantized MoE method with the decode experts kernel (experts.py).
+"""The vLLM side of infera-moe-decode, and how it is installed: an out-of-tree ``UnquantizedFusedMoEMethod``
+whose experts class is vLLM's own with ``apply`` taking the calls the policy allows (policy.py) and passing the
+rest to the parent, so routing, top-k, prepare/finalize, weight loading and the ``moe_forward`` op stay vLLM's.
 
 Declines at startup, with its reason: on the CPU without ``TRITON_INTERPRET=1`` (``triton-interpreter-off``)
 or before vLLM 0.32 (``cpu-monolithic``: the CPU path has no experts class to extend); a GPU family
 without a tuning file (``not-tuned``) unless ``INFERA_MOE_DECODE_MAX_TOKENS`` is set; an unreadable
-tuning file or switch (``bad-tuning``). ``INFERA_MOE_DECODE_CHECK_REFERENCE`` picks the self-check's
-reference (experts.py).
+tuning file or switch (``bad-tuning``). The plugin imports this module only once the spec's checks passed (it
+imports torch and vLLM).
+
+- CUDA/ROCm: only where vLLM itself chose its Triton experts (``UnquantizedMoeBackend.TRITON``, the sm90
+  default) and the user did not pick a MoE backend; the parent is ``TritonExperts``, so every call the
+  policy hands over runs exactly what vLLM would have run. Elsewhere the layer keeps vLLM's choice and the
+  report counts it (``vllm-backend-<name>``, ``user-moe-backend``).
+- CPU (vLLM 0.32, Triton interpreter, validation only): the parent is vLLM's chosen CPU experts class,
+  which prepacks the weights after loading; the kernel keeps the unpacked ``[E, 2I, H]`` / ``[E, H, I]``
+  tensors (twice the expert memory: fine for tests, not for serving). Under Dynamo (vLLM's CPU path traces
+  into the experts) the parent serves.
+
+Self-check (docs/self-check.md; ``INFERA_MOE_DECODE_CHECK_REFERENCE``): by default vLLM's own experts on
+the CPU build, and on GPUs the fp32 reference of the same maths (reference.py, over the experts the call
+routes to): vLLM's Triton experts compile a kernel for each token count's launch on their first call,
+0.7-1.0 s per bucket on the H200, which would be the check's whole startup cost; the fp32 pass took
+0.02-0.17 s per bucket there and is the stricter judge. On a mismatch vLLM's experts compute the call's
+result either way.
 """
 
+import torch
+from vllm.model_executor.layers.fused_moe import UnquantizedFusedMoEMethod
+from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+from infera_ops.moe_decode import launch, policy, reference
+from infera_ops.moe_decode.policy import Tuning, shape_key
+from infera_vllm import coverage, seams, self_check
 from infera_vllm.compat import version_in
 from infera_vllm.platform import interpreter_off
 from infera_vllm.spec import Decline
@@ -14,11 +39,9 @@ from infera_vllm.switches import op_value
 
 
 def _tuning(ctx):
-    from infera_ops.moe_decode import tuning
-
     try:
-        found = tuning.load(ctx.env.gpu_family or "unknown")
-    except tuning.TuningError as exc:
+        found = policy.load(ctx.env.gpu_family or "unknown")
+    except policy.TuningError as exc:
         return None, Decline("bad-tuning", str(exc))
     if found is None:
         return None, Decline("not-tuned", f"no tuning file for {ctx.env.gpu_family}: run "
@@ -41,11 +64,98 @@ def check(ctx) -> Decline | None:
 def activate(ctx) -> Decline | None:
     """Installs the seam; the plugin calls it only once ``check(ctx)`` passed."""
     found, _ = _tuning(ctx)
-    from infera_ops.moe_decode import experts
-
     cpu = ctx.env.gpu_family == "cpu"
-    reference = op_value(ctx.spec, "INFERA_MOE_DECODE_CHECK_REFERENCE")
-    experts.install(ctx.spec.name, found, cpu=cpu, bound=ctx.spec.self_check_bound,
-                    check_against_vllm=reference == "vllm" or (reference == "auto" and cpu))
+    against = op_value(ctx.spec, "INFERA_MOE_DECODE_CHECK_REFERENCE")
+    install(ctx.spec.name, found, cpu=cpu, bound=ctx.spec.self_check_bound,
+            check_against_vllm=against == "vllm" or (against == "auto" and cpu))
     ctx.note = f"serves up to {found.largest_served} tokens ({found.source})"
     return None
+
+
+def _experts_class(base: type, tuned: Tuning, count: coverage.CallCounts, check: self_check.Checker,
+                   keep_unpacked: bool, check_against_vllm: bool) -> type:
+    class InferaDecodeExperts(base):
+        def process_weights_after_loading(self, layer) -> None:
+            if keep_unpacked:  # before the parent repacks them into its own layout
+                self._infera_weights = (layer.w13_weight.data, layer.w2_weight.data)
+            super().process_weights_after_loading(layer)
+
+        def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                  expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                  apply_router_weight_on_input):
+            args = (output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                    expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                    apply_router_weight_on_input)
+            if torch.compiler.is_compiling():  # Dynamo traces this on the CPU path: no side effects there
+                return super().apply(*args)
+            kw1, kw2 = getattr(self, "_infera_weights", (w1, w2))
+            reason = policy.decline_reason(hidden_states, kw1, kw2, topk_ids, activation, expert_map,
+                                          apply_router_weight_on_input, a1q_scale, getattr(self, "w1_bias", None),
+                                          getattr(self, "w2_bias", None), tuned.serves)
+            capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
+            tokens = hidden_states.shape[0]
+            bucket = coverage.bucket_of(tokens)
+            if reason is None and check.declined(bucket):
+                reason = self_check.MISMATCH
+            checking = reason is None and check.wants(bucket, capturing)
+            if not checking:
+                count(reason, tokens, "plan" if capturing else "call")
+            if reason is not None:
+                return super().apply(*args)
+            theirs = None
+            if checking and check_against_vllm:  # before ours: `output` may share the workspaces they use
+                theirs = torch.empty_like(output)
+                with check.timed(bucket):
+                    super().apply(theirs, *args[1:])
+            elif checking:
+                with check.timed(bucket):
+                    theirs = reference.moe_experts_reference(hidden_states, kw1, kw2, topk_weights, topk_ids,
+                                                             expert_map)
+            shape = shape_key(kw1.shape[0], kw1.shape[2], kw1.shape[1] // 2, topk_ids.shape[1])
+            launch.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
+                            config=tuned.config_for(tokens, shape), expert_map=expert_map)
+            check.perturb(output)
+            if theirs is not None:  # on a mismatch the call returns vLLM's result
+                agreed = check.judge(bucket, output, theirs, tuple(hidden_states.shape))
+                if not agreed and check_against_vllm:
+                    output.copy_(theirs)
+                elif not agreed:
+                    super().apply(*args)
+                count(None if agreed else self_check.MISMATCH, tokens, "call")
+            return None
+
+    return InferaDecodeExperts
+
+
+def install(op_name: str, tuned: Tuning, cpu: bool, bound: float, check_against_vllm: bool) -> None:
+    """Register the out-of-tree MoE method through ``infera_vllm.seams`` (idempotent: a forked child already has
+    it; another plugin's method in the slot is left there)."""
+    from vllm.model_executor import custom_op
+
+    slot = UnquantizedFusedMoEMethod.__name__  # the key register_oot files the class under
+    if slot in custom_op.op_registry_oot:
+        return
+    count = coverage.CallCounts(op_name, policy.HANDOVERS)  # per-layer decisions at construction: at="plan"
+    check = self_check.Checker(op_name, bound)
+
+    class InferaDecodeMoEMethod(UnquantizedFusedMoEMethod):
+        def __init__(self, moe):
+            super().__init__(moe)
+            if getattr(moe, "moe_backend", "auto") not in ("auto", None):
+                count("user-moe-backend", 1, "plan")
+                return
+            if cpu:
+                if self.experts_cls is None:  # vLLM < 0.32 on the CPU: monolithic, no experts class
+                    count("cpu-monolithic", 1, "plan")
+                    return
+                self.experts_cls = _experts_class(self.experts_cls, tuned, count, check, keep_unpacked=True,
+                                                  check_against_vllm=check_against_vllm)
+                return
+            if self.unquantized_backend != UnquantizedMoeBackend.TRITON:
+                count(f"vllm-backend-{self.unquantized_backend.name.lower()}", 1, "plan")
+                return
+            self.experts_cls = _experts_class(self.experts_cls, tuned, count, check, keep_unpacked=False,
+                                              check_against_vllm=check_against_vllm)
+
+    seams.register(op_name, custom_op, "op_registry_oot", slot,
+                   lambda: UnquantizedFusedMoEMethod.register_oot(InferaDecodeMoEMethod))

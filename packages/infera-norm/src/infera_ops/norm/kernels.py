@@ -9,9 +9,6 @@ column stride; outputs are written with their own row stride. In place is allowe
 ``res_out`` is ``res``): each element is read before it is written, by the same program.
 """
 
-import functools
-from typing import NamedTuple
-
 import triton
 import triton.language as tl
 
@@ -68,39 +65,3 @@ def _rms_norm_fwd_kernel(
             # Triton's interpreter (CPU tests) has no bf16 arithmetic of its own.
             y = y.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
         tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-class LaunchConfig(NamedTuple):
-    block_h: int  # BLOCK_H
-    rows: int  # ROWS
-    num_warps: int
-    programs: int  # grid size; < number of row blocks = persistent
-    num_stages: int = 1
-
-
-@functools.lru_cache(maxsize=8192)
-def launch_config(M: int, H: int, fused_add: bool = False) -> LaunchConfig:
-    """Launch parameters chosen by shape, from the H200 sweep in benchmarks/results/h200/norm-tune/
-    (benchmarks/tune_norm.py: every rows x warps choice, persistent variants too, timed from CUDA graphs
-    with inputs in L2 and from HBM). Each rule below is within 2% of the sweep's best in both modes
-    unless noted.
-
-    - BLOCK_H covers the row: one pass over memory, each element read once.
-    - ROWS packs short rows so a block holds 2048 elements (4096 for rows of <= 1024 from M = 4096 on):
-      at H = 576 four rows per block won 9-22% over two at M >= 4096 and lost 3% at M = 1024; at
-      H = 2048 one row per block beat two almost everywhere (up to 8% at M = 1024, 3% at M = 16384).
-    - num_warps: 4 up to 4096 elements per block, 8 up to 8192, 16 above (8-16 fp32 values per thread);
-      the fused add at BLOCK_H = 4096 wants 8 below 1024 tokens (+3-7%: two loaded rows per thread, more
-      loads in flight), and at BLOCK_H >= 4096 16 from 4096 tokens on (+1-3%, more bytes in flight).
-    - one program per row block: the persistent variants (4 programs per SM looping with 2 stages) were
-      never better from HBM and better with inputs in L2 only at H = 2048, M = 4096 (fused add).
-    """
-    block_h = triton.next_power_of_2(H)
-    rows = max(1, (4096 if M >= 4096 and block_h <= 1024 else 2048) // block_h)
-    tile = block_h * rows
-    num_warps = 4 if tile <= 4096 else 8 if tile <= 8192 else 16
-    if fused_add and block_h == 4096 and M < 1024:
-        num_warps = 8
-    if fused_add and block_h >= 4096 and M >= 4096:
-        num_warps = 16
-    return LaunchConfig(block_h, rows, num_warps, triton.cdiv(M, rows))

@@ -1,15 +1,15 @@
-"""The guard's decisions: which layers and batches the decode kernel takes, and the reason for the rest."""
+"""The policy's decisions (policy.py): which layers and batches the kernels take, and the reason for the rest."""
 
 import torch
 
-from infera_ops.attn_paged import guard
+from infera_ops.attn_paged import policy
 
 LAYER_OK = dict(attn_type="decoder", head_size=128, kv_cache_dtype="auto", alibi_slopes=None, use_alibi_sqrt=False,
                 chunk_lookback=-1)
 
 
 def layer(**kw):
-    return guard.layer_decline(**{**LAYER_OK, **kw})
+    return policy.layer_decline(**{**LAYER_OK, **kw})
 
 
 def test_layers_served():
@@ -34,7 +34,7 @@ def test_layers_declined_with_reasons():
 
 def batch(q=None, **kw):
     args = dict(decode=True, prefill_route="kernel", extras_present=False, quantized_output=False)
-    return guard.batch_decline(torch.empty(4, 8, 64, dtype=torch.bfloat16) if q is None else q, **{**args, **kw})
+    return policy.batch_decline(torch.empty(4, 8, 64, dtype=torch.bfloat16) if q is None else q, **{**args, **kw})
 
 
 def test_batches():
@@ -50,45 +50,45 @@ def test_batches():
     assert batch(decode=False, causal=False) == "non-causal"
     assert batch(decode=False, causal=torch.tensor([True, False])) == "non-causal"  # per-request flags
     assert batch(causal=False) is None  # one decode token sees its whole sequence either way
-    assert "prefill-handover" in guard.HANDOVERS and guard.ROUTES == ("fa3",)
+    assert "prefill-handover" in policy.HANDOVERS and policy.ROUTES == ("fa3",)
 
 
 def test_fa3_takes_prefill_where_it_runs():
-    assert guard.prefill_on_fa3("auto", None, 128) and guard.prefill_on_fa3("fa3", None, 64)
-    assert not guard.prefill_on_fa3("auto", "needs Hopper", 128)  # elsewhere: the ragged kernel
-    assert not guard.prefill_on_fa3("kernel", None, 128) and not guard.prefill_on_fa3("triton", None, 128)
-    assert guard.prefill_on_fa3("auto", None, 256) and not guard.prefill_on_fa3("auto", None, 260)
+    assert policy.prefill_on_fa3("auto", None, 128) and policy.prefill_on_fa3("fa3", None, 64)
+    assert not policy.prefill_on_fa3("auto", "needs Hopper", 128)  # elsewhere: the ragged kernel
+    assert not policy.prefill_on_fa3("kernel", None, 128) and not policy.prefill_on_fa3("triton", None, 128)
+    assert policy.prefill_on_fa3("auto", None, 256) and not policy.prefill_on_fa3("auto", None, 260)
 
 
 def test_decode_or_ragged():
-    assert guard.is_decode(max_query_len=1, num_actual_tokens=4, num_seqs=4)
-    assert guard.is_decode(max_query_len=1, num_actual_tokens=8, num_seqs=8)  # padded CUDA-graph batch
-    assert not guard.is_decode(max_query_len=7, num_actual_tokens=10, num_seqs=4)
-    assert not guard.is_decode(max_query_len=1, num_actual_tokens=3, num_seqs=4)  # a request without a token
+    assert policy.is_decode(max_query_len=1, num_actual_tokens=4, num_seqs=4)
+    assert policy.is_decode(max_query_len=1, num_actual_tokens=8, num_seqs=8)  # padded CUDA-graph batch
+    assert not policy.is_decode(max_query_len=7, num_actual_tokens=10, num_seqs=4)
+    assert not policy.is_decode(max_query_len=1, num_actual_tokens=3, num_seqs=4)  # a request without a token
 
 
 def test_prefill_switch(monkeypatch):
     import pytest
 
     monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
-    assert guard.prefill_route() == "auto"
+    assert policy.prefill_route() == "auto"
     for value in ("fa3", "kernel", "triton"):
         monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", value)
-        assert guard.prefill_route() == value
+        assert policy.prefill_route() == value
     monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "Kernel")  # the plugin's rules: choices case-insensitive
-    assert guard.prefill_route() == "kernel"
+    assert policy.prefill_route() == "kernel"
     monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "0")
     with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_PREFILL='0': expected one of auto, fa3, kernel, triton"):
-        guard.prefill_route()
+        policy.prefill_route()
     monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
-    assert not guard.platform_default()  # off unless asked: no family is validated for it
+    assert not policy.platform_default()  # off unless asked: no family is validated for it
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "1")
-    assert guard.platform_default()
+    assert policy.platform_default()
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "yes")  # every spelling the plugin's flags take
-    assert guard.platform_default()
+    assert policy.platform_default()
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "sometimes")
     with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_DEFAULT='sometimes': expected 1/0, true/false"):
-        guard.platform_default()
+        policy.platform_default()
 
 
 def test_doctor_plan_per_layer():
@@ -109,24 +109,24 @@ def test_tuning_file_by_head_size(tmp_path, monkeypatch):
 
     import pytest
 
-    from infera_ops.attn_paged import tuning
+    from infera_ops.attn_paged import policy
 
     entry = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=8, split_keys=256, pdl=False)
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"decode": {"64": entry, "128": dict(entry, block_n=32)}, "measured": {"gpu": "x"}}))
     monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(path))
-    table = tuning.load("sm90")
-    assert table[64] == tuning.DecodeSettings(**entry) and table[128].block_n == 32
-    assert tuning.decode_settings(96, "cpu").block_n == 32  # 80 and 96 take 128's entry
-    assert tuning.decode_settings(256, "cpu") is None  # above every listed size: the defaults
+    table = policy.load("sm90")
+    assert table[64] == policy.DecodeSettings(**entry) and table[128].block_n == 32
+    assert policy.decode_settings(96, "cpu").block_n == 32  # 80 and 96 take 128's entry
+    assert policy.decode_settings(256, "cpu") is None  # above every listed size: the defaults
     path.write_text(json.dumps({"decode": {"64": {"block_n": 64}}}))
-    tuning._table.cache_clear()
-    with pytest.raises(tuning.TuningError, match="not a decode tuning file"):
-        tuning.load("sm90")
+    policy._table.cache_clear()
+    with pytest.raises(policy.TuningError, match="not a decode tuning file"):
+        policy.load("sm90")
     monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(tmp_path / "missing.json"))
-    with pytest.raises(tuning.TuningError, match="INFERA_ATTN_PAGED_TUNING"):
-        tuning.load("sm90")
-    tuning._table.cache_clear()
+    with pytest.raises(policy.TuningError, match="INFERA_ATTN_PAGED_TUNING"):
+        policy.load("sm90")
+    policy._table.cache_clear()
 
 
 def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
@@ -134,7 +134,7 @@ def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
 
     import pytest
 
-    from infera_ops.attn_paged import ops, tuning
+    from infera_ops.attn_paged import launch, policy
 
     decode = dict(block_n=32, num_warps=8, num_stages=1, programs_per_sm=16, split_keys=128, pdl=False)
     path = tmp_path / "t.json"
@@ -142,65 +142,66 @@ def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
                                 "prefill": {"64": dict(block_m=128, block_n=64, num_warps=8, num_stages=1),
                                             "128": dict(block_m=16, block_n=32, num_warps=16, num_stages=1)}}))
     monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(path))
-    tuning._table.cache_clear()
+    policy._table.cache_clear()
     try:
-        assert ops.decode_defaults(128, "cpu")[0] == ops.LaunchConfig(32, 8, 1, reduce_warps=8)
-        assert ops.decode_defaults(128, "cpu")[1] == ops.SplitPolicy(16, 128, max_splits=64)  # the default ceiling
+        assert launch.decode_defaults(128, "cpu")[0] == launch.LaunchConfig(32, 8, 1, reduce_warps=8)
+        # the default ceiling
+        assert launch.decode_defaults(128, "cpu")[1] == launch.SplitPolicy(16, 128, max_splits=64)
         path.write_text(json.dumps({"decode": {"128": dict(decode, max_splits=128)}}))
-        tuning._table.cache_clear()
-        assert ops.decode_defaults(128, "cpu")[1].max_splits == 128
-        assert ops.decode_defaults(128, "cpu")[0].unsplit is None
+        policy._table.cache_clear()
+        assert launch.decode_defaults(128, "cpu")[1].max_splits == 128
+        assert launch.decode_defaults(128, "cpu")[0].unsplit is None
         path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128, num_warps=4,
                                                                                  num_stages=3))}}))
-        tuning._table.cache_clear()
-        assert ops.decode_defaults(128, "cpu")[0].unsplit == ops.LaunchConfig(128, 4, 3)
+        policy._table.cache_clear()
+        assert launch.decode_defaults(128, "cpu")[0].unsplit == launch.LaunchConfig(128, 4, 3)
         path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128, num_warps=4,
                                                                                  num_stages=3),
                                                            unsplit_by_group={"3": dict(block_n=64, num_warps=4,
                                                                                        num_stages=2),
                                                                              "8": None})}}))
-        tuning._table.cache_clear()
-        cfg = ops.decode_defaults(128, "cpu")[0]
-        assert cfg.for_slices(1, 3) == ops.LaunchConfig(64, 4, 2)  # the group's own
+        policy._table.cache_clear()
+        cfg = launch.decode_defaults(128, "cpu")[0]
+        assert cfg.for_slices(1, 3) == launch.LaunchConfig(64, 4, 2)  # the group's own
         assert cfg.for_slices(1, 8) == cfg  # null: the split sizes
-        assert cfg.for_slices(1, 4) == ops.LaunchConfig(128, 4, 3)  # a group not listed: ``unsplit``
+        assert cfg.for_slices(1, 4) == launch.LaunchConfig(128, 4, 3)  # a group not listed: ``unsplit``
         assert cfg.for_slices(2, 3) == cfg  # several slices: the split sizes whatever the group
         path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit_by_group=[64, 4, 2])}}))
-        tuning._table.cache_clear()
-        with pytest.raises(tuning.TuningError, match="unsplit_by_group must map"):
-            tuning.load("sm90")
+        policy._table.cache_clear()
+        with pytest.raises(policy.TuningError, match="unsplit_by_group must map"):
+            policy.load("sm90")
         path.write_text(json.dumps({"decode": {"128": dict(decode, unsplit=dict(block_n=128))}}))
-        tuning._table.cache_clear()
-        with pytest.raises(tuning.TuningError, match="unsplit must hold exactly"):
-            tuning.load("sm90")
+        policy._table.cache_clear()
+        with pytest.raises(policy.TuningError, match="unsplit must hold exactly"):
+            policy.load("sm90")
         path.write_text(json.dumps({"decode": {"128": dict(decode, reduce_warps=8)},
                                     "prefill": {"64": dict(block_m=128, block_n=64, num_warps=8, num_stages=1),
                                                 "128": dict(block_m=16, block_n=32, num_warps=16, num_stages=1)}}))
-        tuning._table.cache_clear()
-        assert tuning.prefill_settings(80, "cpu") == tuning.PrefillSettings(16, 32, 16, 1)  # 80 takes 128's
-        assert tuning.prefill_settings(256, "cpu") is None
+        policy._table.cache_clear()
+        assert policy.prefill_settings(80, "cpu") == policy.PrefillSettings(16, 32, 16, 1)  # 80 takes 128's
+        assert policy.prefill_settings(256, "cpu") is None
         # BLOCK_M is at least the group's power of two; a head size the file leaves out takes the defaults
-        assert ops.prefill_config(128, 4, "cpu") == (16, ops.LaunchConfig(block_n=32, num_warps=16, num_stages=1))
-        assert ops.prefill_config(128, 32, "cpu")[0] == 32
-        assert ops.prefill_config(256, 2, "cpu") == ops.prefill_config(256, 2)
+        assert launch.prefill_config(128, 4, "cpu") == (16, launch.LaunchConfig(block_n=32, num_warps=16, num_stages=1))
+        assert launch.prefill_config(128, 32, "cpu")[0] == 32
+        assert launch.prefill_config(256, 2, "cpu") == launch.prefill_config(256, 2)
         path.write_text(json.dumps({"decode": {}, "prefill": {"64": {"block_m": 16}}}))
-        tuning._table.cache_clear()
-        with pytest.raises(tuning.TuningError, match="bad prefill section"):
-            tuning.load("sm90")
+        policy._table.cache_clear()
+        with pytest.raises(policy.TuningError, match="bad prefill section"):
+            policy.load("sm90")
     finally:
-        tuning._table.cache_clear()
+        policy._table.cache_clear()
 
 
 def test_packaged_tuning_files_parse():
     from importlib import resources
 
-    from infera_ops.attn_paged import tuning
+    from infera_ops.attn_paged import policy
 
     files = [f.name for f in resources.files("infera_ops.attn_paged").joinpath("tuning").iterdir()
              if f.name.endswith(".json")]
     assert {"sm90.json", "gfx942.json", "gfx1100.json", "gfx1151.json", "gfx1201.json"} <= set(files)
     for name in files:
-        decode, prefill, _ = tuning._parse(
+        decode, prefill, _ = policy._parse(
             resources.files("infera_ops.attn_paged").joinpath("tuning", name).read_text(), name)
         assert all(s.num_warps in (4, 8, 16) and s.reduce_warps in (4, 8) for s in decode.values()), name
         assert all(s.block_m >= 16 and s.block_n >= 16 for s in prefill.values()), name
@@ -213,19 +214,19 @@ def test_head_sizes_a_family_declines(tmp_path, monkeypatch):
 
     import pytest
 
-    from infera_ops.attn_paged import tuning
+    from infera_ops.attn_paged import policy
 
     monkeypatch.delenv("INFERA_ATTN_PAGED_TUNING", raising=False)
-    tuning._table.cache_clear()
+    policy._table.cache_clear()
     try:
-        assert "spills" in tuning.declined_head_size(256, "gfx1100")
-        assert "spills" in tuning.declined_head_size(256, "gfx1151")
-        assert tuning.declined_head_size(128, "gfx1100") is None
-        assert tuning.declined_head_size(256, "gfx1201") is None and tuning.declined_head_size(256, "sm90") is None
+        assert "spills" in policy.declined_head_size(256, "gfx1100")
+        assert "spills" in policy.declined_head_size(256, "gfx1151")
+        assert policy.declined_head_size(128, "gfx1100") is None
+        assert policy.declined_head_size(256, "gfx1201") is None and policy.declined_head_size(256, "sm90") is None
         path = tmp_path / "t.json"
         path.write_text(json.dumps({"decode": {}, "declined_head_sizes": ["256"]}))
         monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(path))
-        with pytest.raises(tuning.TuningError, match="declined_head_sizes"):
-            tuning.load("sm90")
+        with pytest.raises(policy.TuningError, match="declined_head_sizes"):
+            policy.load("sm90")
     finally:
-        tuning._table.cache_clear()
+        policy._table.cache_clear()

@@ -1,9 +1,11 @@
-"""Launcher of the decode experts kernels (kernels.py) in the form the config names: split (gate/up, down,
+"""Launchers of the decode experts kernels (kernels.py) in the form the config names: split (gate/up, down,
 row sum), split_sum (gate/up, down with the top-k sum inside), fused (one weight pass, row sum) or persistent
 (both projections in one launch, row sum).
 
 Capture-safe: no host synchronisation, buffers allocated on the current stream (vLLM's graph pool when
 captured), grid sizes from shapes only.
+
+``LaunchConfig``: the form, blocks and pipelining a launch takes (defaults here; the tuning file's, policy.py).
 """
 
 import functools
@@ -13,17 +15,71 @@ import torch
 import triton
 
 from infera_ops.moe_decode.kernels import (
-    LaunchConfig,
     _moe_down_kernel,
     _moe_down_sum_kernel,
     _moe_fused_kernel,
     _moe_gate_up_kernel,
     _moe_persistent_kernel,
     _row_sum_kernel,
-    block_m,
-    block_mk,
 )
 from infera_vllm import triton_dot
+
+FORMS = ("split", "fused", "persistent", "split_sum")
+
+
+class LaunchConfig:
+    """Form, block sizes and pipelining (defaults; the per-GPU-family tuning file overrides them, see
+    policy.py). ``form`` (module docstring): ``split``, ``split_sum`` or ``persistent`` (``block_i``/``block_h``
+    gate/up, ``block_n``/``block_k`` down) or ``fused`` (``block_n`` is its down chunk; no ``block_k``).
+    ``num_warps`` and ``num_stages`` apply to the weight-streaming kernels: at decode the depth of the load
+    pipeline matters more than the arithmetic layout.
+    ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
+    give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``
+    as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.
+    ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2.
+    ``programs_per_sm`` (persistent form): its grid, per SM. ``early_down`` (split form, CUDA, implies
+    ``pdl``): the down kernel starts with the gate/up kernel and prefetches its weights into L2 meanwhile.
+    ``fill_per_sm`` (split and split_sum forms): the gate/up kernel's columns per program are cut (in steps
+    of 16, at most the tile) so that the experts in play give about this many programs per SM: at M = 1 on
+    Qwen3-30B-A3B dims 8 x 768 / 48 = 128 programs for 132 SMs instead of 96 (0: the tile's columns).
+    ``split_i`` (split_sum form): the down kernel's programs per (token, column block), each over an equal
+    share of the token's TOPK x (chunks of I) tiles, merged in the kernel by the last one in (1: none; at
+    most one program per tile)."""
+
+    __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
+                 "pdl", "prefetch_down", "programs_per_sm", "early_down", "fill_per_sm", "split_i")
+
+    def __init__(self, form="split", block_i=64, block_h=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
+                 min_programs=0, pdl=False, prefetch_down=False, programs_per_sm=2, early_down=False,
+                 fill_per_sm=0, split_i=1):
+        if form not in FORMS:
+            raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
+        self.form, self.block_i, self.block_h, self.block_n, self.block_k = form, block_i, block_h, block_n, block_k
+        self.num_warps, self.num_stages = num_warps, num_stages
+        self.min_programs, self.pdl, self.prefetch_down = int(min_programs), bool(pdl), bool(prefetch_down)
+        self.programs_per_sm, self.early_down = int(programs_per_sm), bool(early_down)
+        self.fill_per_sm, self.split_i = int(fill_per_sm), int(split_i)
+        if self.programs_per_sm < 1:
+            raise ValueError(f"programs_per_sm {programs_per_sm!r}: expected >= 1")
+        if self.fill_per_sm < 0:
+            raise ValueError(f"fill_per_sm {fill_per_sm!r}: expected >= 0")
+        if self.split_i < 1:
+            raise ValueError(f"split_i {split_i!r}: expected >= 1")
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def block_m(tokens: int) -> int:
+    """Rows of the per-expert tile: every token that chose the expert (<= M), at least 16 for tl.dot."""
+    return max(16, triton.next_power_of_2(tokens))
+
+
+def block_mk(pairs: int) -> int:
+    """Width of the grouping comparison (>= M·TOPK). At least 128 so every decode batch up to 16 tokens of
+    top-8 shares one compiled kernel (no recompilation per batch size; the comparison is 16 x 128)."""
+    return max(128, triton.next_power_of_2(pairs))
+
 
 SUM_BLOCK_N = 32  # the row sum reads M·R·H fp32 from L2: many small programs, few steps each
 SUM_BLOCK_R = 64

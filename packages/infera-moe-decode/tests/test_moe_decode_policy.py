@@ -1,18 +1,19 @@
-"""The dispatch guard and the tuning file / switches (plain torch; no kernel runs)."""
+"""The policy (policy.py): which calls the kernel takes, with the reason for the rest, and the tuning file / switches
+(plain torch; no kernel runs)."""
 
 import json
 
 import pytest
 import torch
 
-from infera_ops.moe_decode import guard, tuning
+from infera_ops.moe_decode import policy
 
 
 def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
     args = dict(hidden_states=torch.randn(M, H, dtype=dtype), w1=torch.randn(E, 2 * I, H, dtype=dtype),
                 w2=torch.randn(E, H, I, dtype=dtype), topk_ids=torch.zeros(M, 2, dtype=torch.int32),
                 activation="silu", expert_map=None, apply_router_weight_on_input=False, a1q_scale=None,
-                w1_bias=None, w2_bias=None, serves=tuning.Tuning(max_tokens=over.pop("max_tokens", 16)).serves)
+                w1_bias=None, w2_bias=None, serves=policy.Tuning(max_tokens=over.pop("max_tokens", 16)).serves)
     args.update(over)
     return args
 
@@ -30,37 +31,37 @@ def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
     ({"w1_bias": torch.zeros(4, 64)}, "bias"),
     ({"a1q_scale": torch.ones(1)}, "weight-dtype"),
 ])
-def test_guard_decisions(over, reason):
+def test_policy_decisions(over, reason):
     shape = {k: over.pop(k) for k in ("M", "dtype") if k in over}
-    assert guard.decline_reason(**_args(**shape, **over)) == reason
+    assert policy.decline_reason(**_args(**shape, **over)) == reason
 
 
-def test_guard_refuses_mismatched_layout():
+def test_policy_refuses_mismatched_layout():
     args = _args()
     args["w2"] = torch.randn(4, 64, 48, dtype=torch.bfloat16)  # I of w2 != half of w13's rows
-    assert guard.decline_reason(**args) == "layout"
+    assert policy.decline_reason(**args) == "layout"
     args = _args()
     args["w1"] = torch.randn(4, 64, 64, dtype=torch.bfloat16).transpose(1, 2)  # not unit stride along H
-    assert guard.decline_reason(**args) == "layout"
+    assert policy.decline_reason(**args) == "layout"
 
 
 def test_tokens_above_threshold_is_a_handover():
-    assert "tokens-above-threshold" in guard.HANDOVERS and "dtype" not in guard.HANDOVERS
+    assert "tokens-above-threshold" in policy.HANDOVERS and "dtype" not in policy.HANDOVERS
 
 
 def test_tuning_files_and_switches(monkeypatch, tmp_path):
     monkeypatch.delenv("INFERA_MOE_DECODE_TUNING", raising=False)
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
-    cpu = tuning.load("cpu")
+    cpu = policy.load("cpu")
     assert cpu.max_tokens == 16 and cpu.source == "tuning/cpu.json" and cpu.config.block_i == 16
-    assert tuning.load("gfx1151") is None  # no file: not tuned
+    assert policy.load("gfx1151") is None  # no file: not tuned
     monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "8")
-    assert tuning.load("gfx1151").max_tokens == 8 and tuning.load("cpu").max_tokens == 8
+    assert policy.load("gfx1151").max_tokens == 8 and policy.load("cpu").max_tokens == 8
     own = tmp_path / "t.json"
     own.write_text(json.dumps({"max_tokens": 4, "config": {"block_n": 128}}))
     monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS")
-    got = tuning.load("sm90")
+    got = policy.load("sm90")
     assert got.max_tokens == 4 and got.config.block_n == 128 and got.source == str(own)
 
 
@@ -71,38 +72,38 @@ def test_bad_tuning_is_a_clear_error(monkeypatch, tmp_path, text, match):
     bad = tmp_path / "bad.json"
     bad.write_text(text)
     monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(bad))
-    with pytest.raises(tuning.TuningError, match=match):
-        tuning.load("sm90")
+    with pytest.raises(policy.TuningError, match=match):
+        policy.load("sm90")
 
 
 def test_bad_threshold_switch(monkeypatch):
     monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "many")
-    with pytest.raises(tuning.TuningError, match="INFERA_MOE_DECODE_MAX_TOKENS"):
-        tuning.load("cpu")
+    with pytest.raises(policy.TuningError, match="INFERA_MOE_DECODE_MAX_TOKENS"):
+        policy.load("cpu")
 
 
 def test_served_token_counts_per_expert_shape(monkeypatch, tmp_path):
     """Measured shapes take the token counts they won at; others the file's max_tokens; the switch overrides."""
     own = tmp_path / "t.json"
-    qwen, small = tuning.shape_key(128, 2048, 768, 8), tuning.shape_key(4, 64, 32, 2)
+    qwen, small = policy.shape_key(128, 2048, 768, 8), policy.shape_key(4, 64, 32, 2)
     own.write_text(json.dumps({"max_tokens": 1, "served": {qwen: [1, 2, 8, 16], small: [1, 2, 8]}}))
     monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
-    got = tuning.load("sm90")
+    got = policy.load("sm90")
     assert [got.serves(m, 128, 2048, 768, 8) for m in (1, 2, 3, 4, 5, 8, 16, 17)] == [
         True, True, False, False, True, True, True, False]
     assert [got.serves(m, 64, 2048, 1408, 6) for m in (1, 2)] == [True, False]
     assert got.largest_served == 16
-    assert guard.decline_reason(**_args(M=3, serves=got.serves)) == "tokens-above-threshold"
-    assert guard.decline_reason(**_args(M=5, serves=got.serves)) is None
+    assert policy.decline_reason(**_args(M=3, serves=got.serves)) == "tokens-above-threshold"
+    assert policy.decline_reason(**_args(M=5, serves=got.serves)) is None
     monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "4")
-    forced = tuning.load("sm90")
+    forced = policy.load("sm90")
     assert forced.serves(3, 128, 2048, 768, 8) and forced.serves(4, 64, 2048, 1408, 6)
     assert not forced.serves(5, 128, 2048, 768, 8)
     own.write_text(json.dumps({"max_tokens": 1, "served": {qwen: ["many"]}}))
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS")
-    with pytest.raises(tuning.TuningError, match="served"):
-        tuning.load("sm90")
+    with pytest.raises(policy.TuningError, match="served"):
+        policy.load("sm90")
 
 
 def test_blocks_by_token_count(monkeypatch, tmp_path):
@@ -110,11 +111,11 @@ def test_blocks_by_token_count(monkeypatch, tmp_path):
     own.write_text(json.dumps({"max_tokens": 16, "config": {"block_i": 64},
                                "by_tokens": {"8": {"block_i": 32}, "2": {"block_i": 16}}}))
     monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
-    got = tuning.load("sm90")
+    got = policy.load("sm90")
     assert [got.config_for(m).block_i for m in (1, 2, 3, 8, 9, 16)] == [16, 16, 32, 32, 64, 64]
     own.write_text(json.dumps({"max_tokens": 16, "by_tokens": {"two": {}}}))
-    with pytest.raises(tuning.TuningError, match="by_tokens"):
-        tuning.load("sm90")
+    with pytest.raises(policy.TuningError, match="by_tokens"):
+        policy.load("sm90")
 
 
 def test_blocks_by_expert_shape(monkeypatch, tmp_path):
@@ -122,17 +123,17 @@ def test_blocks_by_expert_shape(monkeypatch, tmp_path):
     measured bound >= M is that one), the file's by_tokens the shape's other token counts; a forced
     threshold (no measured file in play) ignores them."""
     own = tmp_path / "t.json"
-    mixtral = tuning.shape_key(8, 4096, 14336, 2)
+    mixtral = policy.shape_key(8, 4096, 14336, 2)
     own.write_text(json.dumps({"max_tokens": 16, "config": {"block_i": 64},
                                "by_tokens": {"8": {"block_i": 32}},
                                "by_shape": {mixtral: {"2": {"form": "persistent", "block_i": 16}}}}))
     monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(own))
     monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
-    got = tuning.load("sm90")
+    got = policy.load("sm90")
     assert [(got.config_for(m, mixtral).form, got.config_for(m, mixtral).block_i) for m in (1, 2, 3, 9)] == [
         ("split", 32), ("persistent", 16), ("split", 32), ("split", 64)]
-    assert got.config_for(1, tuning.shape_key(128, 2048, 768, 8)).block_i == 32
+    assert got.config_for(1, policy.shape_key(128, 2048, 768, 8)).block_i == 32
     assert got.config_for(1).block_i == 32
     own.write_text(json.dumps({"max_tokens": 16, "by_shape": {mixtral: {"2": {"form": "atomic"}}}}))
-    with pytest.raises(tuning.TuningError, match="by_shape"):
-        tuning.load("sm90")
+    with pytest.raises(policy.TuningError, match="by_shape"):
+        policy.load("sm90")

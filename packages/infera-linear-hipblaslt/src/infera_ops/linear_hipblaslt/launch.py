@@ -1,11 +1,28 @@
-"""Launcher of the skinny-M linear (kernels.py). Capture-safe: no host synchronisation, buffers from the
-current stream's allocator, grid sizes from shapes only."""
+"""Launcher of the skinny-M linear (kernels.py) and its launch blocks (``LaunchConfig``). Capture-safe: no host
+synchronisation, buffers from the current stream's allocator, grid sizes from shapes only.
+"""
 
 import torch
 import triton
 
-from infera_ops.linear_hipblaslt.kernels import LaunchConfig, _skinny_linear_kernel, _split_k_sum_kernel
+from infera_ops.linear_hipblaslt.kernels import _skinny_linear_kernel, _split_k_sum_kernel
 from infera_vllm import triton_dot
+
+
+class LaunchConfig:
+    """Blocks of one tuned (shape, M bucket); the tuning table stores them (policy.py)."""
+
+    __slots__ = ("block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages")
+
+    def __init__(self, block_m=16, block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=3):
+        self.block_m, self.block_n, self.block_k, self.split_k = block_m, block_n, block_k, split_k
+        self.num_warps, self.num_stages = num_warps, num_stages
+        if block_m < 16 or block_n < 16 or block_k < 16 or split_k < 1:
+            raise ValueError(f"blocks must be >= 16 (tl.dot) and split_k >= 1: {self.as_dict()}")
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
 
 SUM_BLOCK = 256
 

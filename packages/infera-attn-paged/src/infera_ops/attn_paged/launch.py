@@ -1,4 +1,4 @@
-"""Launchers of the paged decode (kernels.py) and ragged prefill (prefill_kernels.py) kernels: split choice,
+"""Launchers of the paged decode and ragged prefill kernels (kernels.py): split choice,
 launch sizes, the fp32 workspace.
 
 Capture-safe: no host synchronisation, no allocation when a :class:`Workspace` is passed (vLLM's metadata
@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from infera_ops.attn_paged import tuning
-from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel
-from infera_ops.attn_paged.prefill_kernels import _paged_prefill_kernel
+from infera_ops.attn_paged import policy
+from infera_ops.attn_paged.kernels import _paged_decode_kernel, _paged_decode_reduce_kernel, _paged_prefill_kernel
 from infera_vllm import triton_dot
 from infera_vllm.triton_dot import pdl_supported
 
@@ -64,7 +63,7 @@ class SplitPolicy:
     merge_in_kernel: bool = False
 
 
-# Launch sizes for a GPU family without a tuning file (tuning.py; sm90 has one, measured): small tiles that
+# Launch sizes for a GPU family without a tuning file (policy.py; sm90 has one, measured): small tiles that
 # compile without spills on sm90, gfx942, gfx950 and gfx1201 up to D = 128; the RDNA families' tuning files
 # replace what spills there (tests/test_attn_paged_compile.py compiles every family's).
 def launch_config(head_size: int) -> LaunchConfig:
@@ -78,8 +77,8 @@ SPLIT_POLICY = SplitPolicy()
 
 def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, bool]:
     """(launch config, split policy, PDL) for the decode kernel on this device: the family's tuning file
-    (tuning.py) where it has one, else launch_config, SPLIT_POLICY and PDL where supported."""
-    tuned = tuning.decode_settings(head_size, device)
+    (policy.py) where it has one, else launch_config, SPLIT_POLICY and PDL where supported."""
+    tuned = policy.decode_settings(head_size, device)
     if tuned is None:
         return launch_config(head_size), SPLIT_POLICY, pdl_supported(device)
     unsplit = LaunchConfig(*tuned.unsplit) if tuned.unsplit else None
@@ -208,11 +207,11 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
 
 def prefill_config(head_size: int, group: int, device=None) -> tuple[int, LaunchConfig]:
     """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel: the device's
-    family's tuning file where it has prefill settings for the head size (tuning.py), else the defaults.
+    family's tuning file where it has prefill settings for the head size (policy.py), else the defaults.
     Those are without spills on sm90 (as launch_config): up to D = 128, 128 rows x 64-key tiles on 8 warps
     (212 registers; 64 rows on 4 warps spilled 844 bytes); at D = 256, 32 rows x 16-key tiles on 4 warps
     (200-232)."""
-    tuned = tuning.prefill_settings(head_size, device) if device is not None else None
+    tuned = policy.prefill_settings(head_size, device) if device is not None else None
     if tuned is not None:
         return (max(tuned.block_m, triton.next_power_of_2(group)),
                 LaunchConfig(block_n=tuned.block_n, num_warps=tuned.num_warps, num_stages=tuned.num_stages))

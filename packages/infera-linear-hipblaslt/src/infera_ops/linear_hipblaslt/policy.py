@@ -1,6 +1,7 @@
-"""The per-GPU-family tuning table: for each linear shape (N, K, dtype, bias) measured on that GPU, which
-implementation serves each token-count bucket. Written offline by ``infera-vllm tune linear`` (tune.py),
-shipped as ``tuning/<family>.json``; ``INFERA_LINEAR_TUNING=path.json`` replaces it.
+"""Which linear calls the skinny-M kernel takes, from the per-GPU-family tuning table: for each linear shape
+(N, K, dtype, bias) measured on that GPU, which implementation serves each token-count bucket. Written offline
+by ``infera-vllm tune linear`` (tune.py), shipped as ``tuning/<family>.json``; ``INFERA_LINEAR_TUNING=path.json``
+replaces it.
 
 Format::
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infera_ops.linear_hipblaslt.kernels import LaunchConfig
+from infera_ops.linear_hipblaslt.launch import LaunchConfig
 from infera_ops.linear_hipblaslt.spec import SPEC
 from infera_vllm import tuning_files
 from infera_vllm.switches import op_value
