@@ -297,7 +297,7 @@ def make_ours(launch, case: Case, sinks=None, *, config=None, policy=None, pdl=N
 
     def run(i: int) -> None:
         launch.paged_decode(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens, case.scale, out,
-                         sinks=sinks, num_splits=splits, workspace=ws, config=cfg, policy=policy, pdl=use_pdl)
+                            sinks=sinks, num_splits=splits, workspace=ws, config=cfg, policy=policy, pdl=use_pdl)
 
     # the slices each sequence takes (every sequence of a case has the same length)
     used = int(launch.slices_per_sequence(case.seq_lens[:1].cpu(), splits, policy=policy)[0])
@@ -888,7 +888,7 @@ def make_ours_prefill(launch, case: PrefillCase) -> Impl:
 
     def run(i: int) -> None:
         launch.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
-                          case.query_start_loc, case.scale, out)
+                             case.query_start_loc, case.scale, out)
 
     info = {}
     try:

@@ -140,7 +140,7 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
 
                 def run(i: int) -> None:
                     launch.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
-                                      case.query_start_loc, case.scale, out, block_m=bm, config=cfg)
+                                         case.query_start_loc, case.scale, out, block_m=bm, config=cfg)
 
                 return bench.Impl(run, out, {})
 

@@ -70,7 +70,7 @@ def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_in_kernel):
     ws = launch.Workspace(B * cap, Hq, D, "cuda")
     assert cap > 1  # the split path and its reduce are what the graph must hold
     launch.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws,
-                     policy=policy)  # compile outside capture
+                        policy=policy)  # compile outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         launch.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws, policy=policy)

@@ -42,8 +42,9 @@ def check(q, k, v, bt, lens, *, sinks=None, window_left=-1, softcap=0.0, num_spl
           policy=None):
     out = torch.full_like(q, float("nan"))  # poisoned: an element the kernel does not write fails
     scale = q.shape[-1] ** -0.5
+    policy = policy or (EVERY_SLICE if num_splits else None)
     launch.paged_decode(q, k, v, bt, lens, scale, out, sinks=sinks, window_left=window_left, softcap=softcap,
-                     num_splits=num_splits, workspace=workspace, policy=policy or (EVERY_SLICE if num_splits else None))
+                        num_splits=num_splits, workspace=workspace, policy=policy)
     ref = paged_decode_reference(q, k, v, bt, lens, scale, sinks=sinks, window_left=window_left, softcap=softcap)
     assert not out.isnan().any(), "unwritten output elements"
     torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
@@ -175,7 +176,7 @@ def test_a_slice_cap_of_one_takes_the_unsplit_launch(monkeypatch, by_group):
 
     monkeypatch.setattr(launch, "_paged_decode_kernel", Spy())
     cfg = launch.LaunchConfig(block_n=32, num_warps=4, unsplit=launch.LaunchConfig(block_n=16, num_warps=2),
-                           unsplit_by_group=by_group)
+                              unsplit_by_group=by_group)
     q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [40, 70])
     for splits in (1, 2):
         out = torch.full_like(q, float("nan"))

@@ -117,9 +117,9 @@ def compile_cases(family: str) -> list[aot.Case]:
                                                                USE_PDL=pdl, EARLY_DOWN=early))))
         cases.append(aot.Case(_row_sum_kernel, f"row sum {label}", f"BLOCK_R={launch.SUM_BLOCK_R} "
                               f"BLOCK_N={launch.SUM_BLOCK_N}", dict(pointers=POINTERS, divisible=DIVISIBLE,
-                                                                 constexprs=dict(BLOCK_R=launch.SUM_BLOCK_R,
-                                                                                 BLOCK_N=launch.SUM_BLOCK_N,
-                                                                                 USE_PDL=pdl))))
+                                                                    constexprs=dict(BLOCK_R=launch.SUM_BLOCK_R,
+                                                                                    BLOCK_N=launch.SUM_BLOCK_N,
+                                                                                    USE_PDL=pdl))))
     return cases
 
 

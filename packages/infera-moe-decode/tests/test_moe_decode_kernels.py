@@ -24,7 +24,7 @@ SMALL_SPLIT_SUM = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, 
 # each token's (slot, 16-wide chunk of I) tiles in 3 shares merged in the kernel (fewer, all non-empty, where it has
 # fewer tiles); most cases have shares that end inside a slot
 SMALL_SPLIT_SUM_I = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16,
-                                         split_i=3)
+                                        split_i=3)
 FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I],
                                 ids=["split", "fused", "persistent", "split_sum", "split_sum_i"])
 
@@ -82,7 +82,7 @@ def test_default_blocks_int64_ids_and_strided_out(form):
     wide = torch.full((2, 300), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     out = wide[:, 20:276]
     launch.moe_experts(x, w13, w2, weights.to(torch.bfloat16), ids.long(), out=out,
-                    config=launch.LaunchConfig(form=form))
+                       config=launch.LaunchConfig(form=form))
     _check(out, moe_experts_reference(x, w13, w2, weights.to(torch.bfloat16).float(), ids), torch.bfloat16)
     assert torch.isnan(wide[:, :20]).all() and torch.isnan(wide[:, 276:]).all()
 
@@ -242,6 +242,6 @@ def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early, fill):
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     cfg = launch.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm, early_down=early,
-                               fill_per_sm=fill, split_i=per_sm if form == "split_sum" else 1)
+                              fill_per_sm=fill, split_i=per_sm if form == "split_sum" else 1)
     launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

@@ -19,7 +19,7 @@ def _x(tokens, hidden=576):
 def test_eager_calls_below_the_threshold_are_declined(tokens, eager_min, expected):
     x = _x(tokens)
     got = policy.decline_reason(x, torch.randn(576, dtype=torch.bfloat16, device=DEVICE), None, allow_cpu=True,
-                                  eager_min_tokens=eager_min)
+                                eager_min_tokens=eager_min)
     assert got == expected
 
 

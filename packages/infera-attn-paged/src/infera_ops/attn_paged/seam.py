@@ -220,8 +220,8 @@ class InferaAttentionImpl(TritonAttentionImpl):
                     capturing or kv_views(kv_cache, self.head_size)[0].shape[1] % 16):
                 prefill = "kernel"  # FA3's paged cache takes pages of a multiple of 16 tokens
             reason = policy.batch_decline(query, decode, prefill, extras,
-                                         output_scale is not None or output_block_scale is not None,
-                                         attn_metadata.causal)
+                                          output_scale is not None or output_block_scale is not None,
+                                          attn_metadata.causal)
             workspace = getattr(attn_metadata, "infera_workspace", None)
             splits = getattr(attn_metadata, "infera_num_splits", 1) if decode else 1
             if reason is None and splits > 1 and (workspace is None or not workspace.fits(
@@ -276,13 +276,13 @@ class InferaAttentionImpl(TritonAttentionImpl):
         if decode:
             n = md.seq_lens.shape[0]
             launch.paged_decode(query[:n], key_cache, value_cache, md.block_table, md.seq_lens, self.scale, output[:n],
-                             sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap,
-                             num_splits=splits, workspace=workspace)
+                                sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap,
+                                num_splits=splits, workspace=workspace)
         else:
             n = md.num_actual_tokens
             launch.paged_prefill(query[:n], key_cache, value_cache, md.block_table, md.seq_lens, md.query_start_loc,
-                              self.scale, output[:n], sinks=self.sinks, window_left=self._infera_window,
-                              softcap=self._infera_softcap)
+                                 self.scale, output[:n], sinks=self.sinks, window_left=self._infera_window,
+                                 softcap=self._infera_softcap)
 
     def _on_filled_blocks(self, layer, query, key, value, kv_cache, md, output, decode: bool, splits: int,
                           workspace, rows: int, bucket: str, lengthen: bool = False):

@@ -90,8 +90,8 @@ def _experts_class(base: type, tuned: Tuning, count: coverage.CallCounts, check:
                 return super().apply(*args)
             kw1, kw2 = getattr(self, "_infera_weights", (w1, w2))
             reason = policy.decline_reason(hidden_states, kw1, kw2, topk_ids, activation, expert_map,
-                                          apply_router_weight_on_input, a1q_scale, getattr(self, "w1_bias", None),
-                                          getattr(self, "w2_bias", None), tuned.serves)
+                                           apply_router_weight_on_input, a1q_scale, getattr(self, "w1_bias", None),
+                                           getattr(self, "w2_bias", None), tuned.serves)
             capturing = hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()
             tokens = hidden_states.shape[0]
             bucket = coverage.bucket_of(tokens)
@@ -113,7 +113,7 @@ def _experts_class(base: type, tuned: Tuning, count: coverage.CallCounts, check:
                                                              expert_map)
             shape = shape_key(kw1.shape[0], kw1.shape[2], kw1.shape[1] // 2, topk_ids.shape[1])
             launch.moe_experts(hidden_states, kw1, kw2, topk_weights, topk_ids, out=output,
-                            config=tuned.config_for(tokens, shape), expert_map=expert_map)
+                               config=tuned.config_for(tokens, shape), expert_map=expert_map)
             check.perturb(output)
             if theirs is not None:  # on a mismatch the call returns vLLM's result
                 agreed = check.judge(bucket, output, theirs, tuple(hidden_states.shape))
