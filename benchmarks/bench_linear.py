@@ -7,14 +7,13 @@ reaches: cuBLASLt instead of cuBLAS (``torch.backends.cuda.preferred_blas_librar
 per-shape algorithm search (tuned once per shape outside the timing, then replayed; the solution it
 picked is recorded), so the table can say whether any BLASLt choice beats the default. Floor =
 max(weight bytes / copy bandwidth, FLOPs / 790 TFLOP/s). Prints a table, writes JSON after every row (a
-time-out keeps what finished) and a plot under ``results/<gpu>/`` (or ``$BENCH_OUT``).
+time-out keeps what finished) and a plot under ``results/<gpu>/`` (or ``--out DIR``).
 
     python benchmarks/bench_linear.py [--tokens 1,16,64,512]
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -22,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
 
 SHAPES = ((6144, 4096), (28672, 4096), (4096, 14336))  # (N, K)
 GRID = {"block_n": (16, 32, 64), "block_k": (256,), "split_k": (1, 2), "num_stages": (3, 4)}
@@ -39,13 +38,13 @@ def main() -> int:
     from infera_ops.linear_hipblaslt.reference import linear_reference
     from infera_vllm.platform import detect_gpu_family
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--tokens", default="1,16,64,512")
     args = parser.parse_args()
     machine = describe_machine()
     ceiling = copy_ceiling_tb_s()
     tuned = policy.load(detect_gpu_family()[0] or "unknown")
-    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    out_dir = args.out or results_dir(machine)
     rows = []
     for (N, K), M in itertools.product(SHAPES, [int(t) for t in args.tokens.split(",")]):
         w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K**0.5

@@ -20,14 +20,15 @@ table, writes JSON + a plot under ``results/<gpu>/`` (or ``--out``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import (  # noqa: E402
+from _results import (
+    arguments,
+    # noqa: E402
     copy_ceiling_tb_s,
     describe_machine,
     kernel_times_us,
@@ -114,10 +115,9 @@ def rel_err(got, want) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--dims", default=",".join(DIMS), help="comma-separated names from DIMS")
     parser.add_argument("--tokens", default=",".join(map(str, MS)), help="comma-separated token counts M")
-    parser.add_argument("--out", default=None, help="results directory (default results/<gpu>/)")
     args = parser.parse_args()
     from infera_ops.moe_decode import launch, policy
     from infera_ops.moe_decode.launch import LaunchConfig

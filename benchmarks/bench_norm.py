@@ -29,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
 from tune_norm import graph_us, tensor_sets  # noqa: E402
 
 HS = (576, 2048, 4096, 7168, 8192)
@@ -71,10 +71,13 @@ def providers():
 def main() -> int:
     from triton.testing import do_bench
 
+    parser = arguments(__doc__)
+    parser.add_argument("--ops", default="", help="comma-separated IR ops to time (default: all)")
+    args = parser.parse_args()
     machine = describe_machine()
     ceiling = copy_ceiling_tb_s()
     rows = []
-    only = [o for o in os.environ.get("BENCH_OPS", "").split(",") if o]  # e.g. BENCH_OPS=fused_add_rms_norm
+    only = [o for o in args.ops.split(",") if o]
     for op, impls in providers().items():
         if only and op not in only:
             continue
@@ -104,7 +107,7 @@ def main() -> int:
                       f"vllm_c {row['vllm_c_us']:6.1f} "
                       f"x{row['speedup_vs_vllm_c']:.2f}", flush=True)
                 del sets
-    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    out_dir = args.out or results_dir(machine)
     path = write_json(out_dir, "bench_norm", {"benchmark": "bench_norm", "machine": machine,
                                               "copy_ceiling_tb_s": ceiling, "rows": rows})
     plot(rows, ceiling, path.replace(".json", ".png"))

@@ -2,7 +2,7 @@
 native provider eager and compiled by torch.compile (Inductor), and vllm_c. Explains end-to-end
 agreement figures (docs/operators/norm.md): providers differ in where they round to bf16.
 
-    python benchmarks/norm_numerics.py        # JSON + table under results/<gpu>/ (or $BENCH_OUT)
+    python benchmarks/norm_numerics.py        # JSON + table under results/<gpu>/ (or --out DIR)
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
 
 EPS = 1e-6
 SHAPES = [(576, 64), (576, 1024), (4096, 64), (4096, 1024)]  # (H, M)
 
 
 def main() -> int:
+    args = arguments(__doc__).parse_args()
     from vllm import _custom_ops as vllm_ops
     from vllm.ir.ops import layernorm as native
 
@@ -67,7 +68,7 @@ def main() -> int:
                       f"max|diff| {row['max_abs']:.4f}" + (f" residual identical {row['residual_identical']:.4f}"
                                                           if "residual_identical" in row else ""), flush=True)
     machine = describe_machine()
-    path = write_json(os.environ.get("BENCH_OUT") or results_dir(machine), "norm_numerics",
+    path = write_json(args.out or results_dir(machine), "norm_numerics",
                       {"benchmark": "norm_numerics", "machine": machine, "rows": rows})
     print(f"wrote {path}")
     return 0

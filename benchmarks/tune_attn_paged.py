@@ -25,7 +25,7 @@ tried each.
 Every candidate is checked against the fp32 reference on every row (a wrong candidate is never chosen) and
 timed from CUDA-graph replays with a cold L2, as in the benchmark. Writes ``attn_paged_<family>.json`` (the
 op's tuning format, policy.py, with what was measured) and ``tune_attn_paged.json`` (every candidate) into
-BENCH_OUT (default results/<gpu>/); the op reads the first from its ``tuning/`` folder once committed there,
+``--out`` (default results/<gpu>/); the op reads the first from its ``tuning/`` folder once committed there,
 or from ``INFERA_ATTN_PAGED_TUNING``.
 
     python benchmarks/tune_attn_paged.py [--budget-s 300] [--prefill-budget-s 150] [--no-decode] [--passes 3,5]
@@ -33,7 +33,6 @@ or from ``INFERA_ATTN_PAGED_TUNING``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -46,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_attn_paged as bench  # noqa: E402
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
 from _search import descend  # noqa: E402
 
 PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
@@ -177,7 +176,7 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="stop starting candidates after this (shared out over the head sizes)")
     parser.add_argument("--prefill-budget-s", type=float, default=150.0,
@@ -292,7 +291,7 @@ def main() -> int:
         cases.clear()
         torch.cuda.empty_cache()
 
-    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    out_dir = args.out or results_dir(machine)
     family = policy.family_of(device)
     tuned = {"decode": table, "measured": {"by": "benchmarks/tune_attn_paged.py", "gpu": machine.get("gpu"),
                                            "commit": machine.get("commit"), "objective": "geometric-mean us over "

@@ -32,7 +32,6 @@ The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -41,7 +40,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
 from _search import descend  # noqa: E402
 from bench_moe_decode import DIMS, Case, make_weights, rel_err, vllm_experts  # noqa: E402
 
@@ -248,14 +247,13 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__)
     parser.add_argument("--write", action="store_true", help="update the package's tuning/<family>.json")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
     parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated forms to tune")
     parser.add_argument("--baseline", default=None, help="a tuning file whose launch per M is one more candidate")
     parser.add_argument("--reuse", default=None,
                         help="an earlier run's tune_moe_decode.json: its candidates' times instead of a sweep")
-    parser.add_argument("--out", default=None, help="results directory (default results/<gpu>/)")
     args = parser.parse_args()
     machine = describe_machine()
     out = args.out or results_dir(machine)

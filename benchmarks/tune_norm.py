@@ -12,7 +12,7 @@ both replayed from a CUDA graph so the host launch is not in the figure:
 A second part times the host side: back-to-back eager calls at M = 1 (the GPU idles, so the figure is
 the launch path: vllm_c's C++ op, our launcher, the torch custom op around it, Triton's raw launch).
 
-    python benchmarks/tune_norm.py       # on a GPU with vLLM; table + JSON under results/<gpu>/ (or $BENCH_OUT)
+    python benchmarks/tune_norm.py       # on a GPU with vLLM; table + JSON under results/<gpu>/ (or --out DIR)
 
 Not a test and not run in CI: it informs the heuristic in ``infera_ops/norm/kernels.py``, which records
 the chosen rules and the figures behind them.
@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
 
 HS = (576, 2048, 4096, 7168, 8192)
 MS = (16, 256, 1024, 4096, 16384)
@@ -230,14 +230,17 @@ def host_overhead(n: int = 3000):
 
 
 def main() -> int:
+    parser = arguments(__doc__)
+    parser.add_argument("--skip-sweep", action="store_true", help="the host overhead only")
+    args = parser.parse_args()
     machine = describe_machine()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     host = host_overhead()
     rows = []
-    if os.environ.get("TUNE_SKIP_SWEEP") != "1":
+    if not args.skip_sweep:
         precompile(num_sms)
         rows = sweep(num_sms)
-    out_dir = os.environ.get("BENCH_OUT") or results_dir(machine)
+    out_dir = args.out or results_dir(machine)
     path = write_json(out_dir, "tune_norm", {"benchmark": "tune_norm", "machine": machine, "num_sms": num_sms,
                                              "host_us_per_call": host, "rows": rows})
     print(f"wrote {path}")

@@ -183,13 +183,13 @@ def step_attn(r: Runner, a) -> None:
     --tests the package's GPU tests."""
     if a.tune:
         r.run(py("benchmarks/tune_attn_paged.py", "--budget-s", a.tune_budget_s, "--prefill-budget-s",
-                 a.prefill_budget_s, *shlex.split(a.tune_args)), log="tune_attn_paged.log",
-              timeout=a.tune_timeout, env={"BENCH_OUT": str(r.out)})
+                 a.prefill_budget_s, "--out", r.out, *shlex.split(a.tune_args)), log="tune_attn_paged.log",
+              timeout=a.tune_timeout)
         r.run(["cp", str(r.out / "attn_paged_sm90.json"), ATTN_TUNING])
     r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
     if a.bench:
-        r.run(py("benchmarks/bench_attn_paged.py"), log="bench_attn_paged.log", timeout=a.bench_timeout,
-              env={"BENCH_OUT": str(r.out), **({"BENCH_SWEEP": "1"} if a.sweep else {})})
+        r.run(py("benchmarks/bench_attn_paged.py", "--out", r.out, *(["--sweep"] if a.sweep else [])),
+              log="bench_attn_paged.log", timeout=a.bench_timeout)
     if a.tests:
         a.packages, a.budget_s = ["infera-attn-paged"], a.tests_budget_s
         step_tests(r, a)
@@ -229,7 +229,7 @@ def step_norm(r: Runner, a) -> None:
     --tune runs the launch sweep (benchmarks/tune_norm.py) instead of the benchmark."""
     r.pytest(["packages/infera-norm/tests"], "pytest_norm_sm90.txt", timeout=a.tests_timeout)
     script = "benchmarks/tune_norm.py" if a.tune else "benchmarks/bench_norm.py"
-    r.run(py(script), log=Path(script).stem + ".log", env={"BENCH_OUT": str(r.out)})
+    r.run(py(script, "--out", r.out), log=Path(script).stem + ".log")
 
 
 def step_norm_numerics(r: Runner, a) -> None:
@@ -237,7 +237,7 @@ def step_norm_numerics(r: Runner, a) -> None:
     provider (`validate --preset norm-smollm2-h200`)."""
     r.pytest(["packages/infera-norm/tests/test_norm_seam.py"], "pytest_norm_symbolic_sm90.txt", timeout=120,
              select="symbolic")
-    r.run(py("benchmarks/norm_numerics.py"), log="norm_numerics.log", env={"BENCH_OUT": str(r.out)})
+    r.run(py("benchmarks/norm_numerics.py", "--out", r.out), log="norm_numerics.log")
     validate_preset(r, "norm-smollm2-h200", None, None, 480, log="validate_norm_smollm2.txt",
                     env={"INFERA_SMOLLM2_DIR": a.model})
 
@@ -261,8 +261,8 @@ def step_linear(r: Runner, a) -> None:
     if a.bench:
         r.pytest(["packages/infera-linear-hipblaslt/tests"], "pytest_linear_sm90.txt", timeout=60, select="kernels",
                  tail=5)
-        r.run(py("benchmarks/bench_linear.py", *(["--tokens", a.tokens] if a.tokens else [])), log="bench_linear.log",
-              timeout=a.bench_timeout, env={"BENCH_OUT": str(r.out)})
+        r.run(py("benchmarks/bench_linear.py", "--out", r.out, *(["--tokens", a.tokens] if a.tokens else [])),
+              log="bench_linear.log", timeout=a.bench_timeout)
     if a.tune:
         model = write_config("llama-3-8b", "/tmp/llama-3-8b")
         r.run(vllm_cli("tune", "linear", "--model", model, "--out", LINEAR_TUNING), log="tune_linear.log",

@@ -1,0 +1,190 @@
+"""``benchmarks/bench_attn_paged.py`` on the CPU, under Triton's interpreter, with no timing: the cache builders
+lay the cache out as vLLM's backends see it, the references agree with an independent one, a wrong kernel fails
+the benchmark's check, and our kernel, vLLM's Triton (fp32, where vLLM's Triton is live; else our keyword
+arguments bound to ``unified_attention``'s signature) and FA3's arguments are called as the benchmark calls them
+on the GPU. Tiny sizes of every head configuration of its tables."""
+
+import dataclasses
+import inspect
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.interpret
+ROOT = Path(__file__).resolve().parents[3]
+if not (ROOT / "benchmarks" / "bench_attn_paged.py").is_file():
+    pytest.skip("benchmarks/ is not here (tests run outside the repository)", allow_module_level=True)
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
+                allow_module_level=True)
+pytest.importorskip("infera_ops.attn_paged")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_attn_paged as bench  # noqa: E402
+
+from infera_ops.attn_paged import launch, reference  # noqa: E402
+
+CPU = torch.device("cpu")
+DECODE_ROWS = ((1, 256), (3, 200))  # 200: a partial last page and BLOCK_N tile; B=3: several sequences
+# one tiny ragged batch of each kind: (kind, label, ((context, new tokens) per request))
+PREFILL_CASES = (
+    ("prefill", "37+20", ((0, 37), (0, 20))),
+    ("chunked", "21@50+13@45", ((50, 21), (45, 13))),
+    ("mixed", "30+3x1@40", ((40, 1), (33, 1), (40, 1), (0, 30))),
+)
+
+
+def _vllm_triton() -> str | None:
+    """``live`` where vLLM's Triton kernels run here, ``placeholder`` under vLLM's CPU build, else None."""
+    try:
+        from vllm.triton_utils import HAS_TRITON
+        from vllm.v1.attention.ops.triton_unified_attention import unified_attention  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return None
+    return "live" if HAS_TRITON else "placeholder"
+
+
+def _gather_reference(case, sinks=None) -> torch.Tensor:
+    """An independent reference: each sequence's keys and values copied out of the packed physical tensor
+    position by position through the block table, then plain softmax attention (fp64)."""
+    B, Hq, D, Hkv = case.B, case.Hq, case.D, case.Hkv
+    G = Hq // Hkv
+    phys = case.kvs[0].permute(0, 2, 1, 3)  # back to the allocated [num_blocks, bs, Hkv, 2D]
+    bs = phys.shape[1]
+    out = torch.zeros(B, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        L = int(case.seq_lens[b])
+        kv = torch.stack([phys[int(case.block_table[b, n // bs]), n % bs] for n in range(L)]).double()
+        k, v = kv[..., :D], kv[..., D:]
+        for h in range(Hq):
+            s = (k[:, h // G] @ case.q[b, h].double()) * case.scale
+            if sinks is not None:
+                s = torch.cat([s, sinks[h].double().view(1)])
+            out[b, h] = s.softmax(0)[:L] @ v[:, h // G]
+    return out.float()
+
+
+def _signature_binds(kwargs: dict) -> None:
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    inspect.signature(unified_attention).bind(**kwargs)
+
+
+@pytest.mark.parametrize("B, ctx", DECODE_ROWS)
+@pytest.mark.parametrize("name", list(bench.HEADS))
+def test_decode_case(name, B, ctx):
+    Hq, Hkv, D = bench.HEADS[name]
+    torch.manual_seed(0)
+    case = bench.make_case(name, Hq, Hkv, D, B, ctx, device=CPU, copies=2)
+    bench.check_layout(case)  # vLLM's packed NHD cache and its key / value views
+    assert all(torch.equal(case.kvs[0], kv) for kv in case.kvs[1:]), "KV copies differ"
+    bt = case.block_table.flatten().sort().values
+    assert torch.equal(bt, torch.arange(bt.numel(), dtype=torch.int32)), "the block table is not a permutation"
+    ref = bench.reference_out(reference, case)
+    assert bench.max_err(ref, _gather_reference(case)) < 1e-4
+    variants = [(None, ref)]
+    if name == bench.SINKS_CONFIG:
+        sinks = bench.make_sinks(Hq, ctx, CPU)
+        ref_s = bench.reference_out(reference, case, sinks)
+        assert bench.max_err(ref_s, _gather_reference(case, sinks)) < 1e-4
+        assert bench.max_err(ref_s, ref) > 10 * bench.TOL, "sinks must change the output by far more than the tolerance"
+        variants.append((sinks, ref_s))
+    for sinks, r in variants:
+        impl = bench.make_ours(launch, case, sinks)
+        for i in range(len(case.kvs)):  # every KV copy, as the graph's calls cycle over them
+            impl.out.fill_(float("nan"))
+            impl.run(i)
+            err = bench.max_err(impl.out, r)
+            assert bench.is_ok(err), f"ours (sinks {sinks is not None}) copy {i}: err {err:.2e} ({impl.info})"
+        res = bench.measure(lambda: bench.make_ours(launch, case, sinks), case, r, copies=2, rep=0, timed=False)
+        assert res["ok"] is True and res["error"] is None, res
+    # the check catches a kernel reading other keys, or half of them
+    other_k, other_v = bench.split_kv(bench.build_kv_cache(case.keys[0].shape[0], Hkv, D, device=CPU), D)
+    wrong = reference.paged_decode_reference(case.q, other_k, other_v, case.block_table, case.seq_lens, case.scale)
+    assert not bench.is_ok(bench.max_err(wrong, ref))
+    half = reference.paged_decode_reference(case.q, case.keys[0], case.values[0], case.block_table,
+                                            case.seq_lens // 2, case.scale)
+    assert not bench.is_ok(bench.max_err(half, ref))
+    # vLLM's Triton as the benchmark calls it: run in fp32 (the interpreter has no bf16 dot) where it is live
+    case32 = bench.Case(**{**case.__dict__, "q": case.q.float(), "kvs": [kv.float() for kv in case.kvs]})
+    case32.keys, case32.values = map(list, zip(*(bench.split_kv(kv, D) for kv in case32.kvs)))
+    triton = _vllm_triton()
+    for sinks, r in variants:
+        if triton == "live":
+            res = bench.measure(lambda: bench.make_triton(case32, sinks), case32, r, copies=2, rep=0, timed=False)
+            assert res["ok"] is True, res
+        elif triton == "placeholder":
+            _, kd, vd = bench.unit_scales(case32)
+            _signature_binds(bench.triton_call_kwargs(case32, 1, torch.empty_like(case32.q),
+                                                      bench.triton_buffers(case32), kd, vd, sinks))
+
+
+@pytest.mark.parametrize("name", bench.SWEEP_CONFIGS)
+def test_sweep_candidates_run_and_match(name):
+    """The benchmark's launch sweep (num_stages matters only to the compiler: 2 only here)."""
+    Hq, Hkv, D = bench.HEADS[name]
+    torch.manual_seed(0)
+    case = bench.make_case(name, Hq, Hkv, D, 2, 96, device=CPU)
+    sw = bench.sweep_case(launch, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
+    assert sw["n_candidates"] > 0 and sw["n_wrong"] == 0 and sw["n_failed_to_run"] == 0, sw
+
+
+def test_prefill_batches_leave_fa3_its_own_split_heuristic():
+    timed = [sum(n for _, n in reqs) for _, _, reqs in bench.PREFILL_CASES]
+    assert all(bench.fa3_builder_num_splits(T) == 0 for T in timed), timed
+
+
+@pytest.mark.parametrize("kind, label, reqs", PREFILL_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("name", bench.PREFILL_CONFIGS)
+def test_prefill_case(name, kind, label, reqs):
+    Hq, Hkv, D = bench.HEADS[name]
+    torch.manual_seed(1)
+    case = bench.make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=CPU)
+    bench.check_layout(case)
+    new = torch.tensor(case.new)
+    assert case.query_start_loc.dtype == case.seq_lens.dtype == case.block_table.dtype == torch.int32
+    assert case.query_start_loc.tolist() == [0] + new.cumsum(0).tolist()
+    assert case.seq_lens.tolist() == [c + n for c, n in zip(case.context, case.new)]
+    assert tuple(case.q.shape) == (case.T, Hq, D)
+    bt = case.block_table.flatten()
+    assert bt.unique().numel() == bt.numel() and int(bt.max()) < case.keys[0].shape[0], "blocks not distinct"
+    visits = sum(c + i + 1 for c, n in zip(case.context, case.new) for i in range(n))
+    assert case.flops == 4 * D * Hq * visits
+    ref = bench.prefill_ref(case)
+    slow = reference.paged_prefill_reference(case.q, case.keys[0], case.values[0], case.block_table, case.seq_lens,
+                                             case.query_start_loc, case.scale)
+    assert bench.max_err(ref, slow) < 1e-4
+    for kw in ({"causal": False}, {"shift": 1}):  # a wrong mask fails the check
+        assert not bench.tol_ok(bench.tol_ratio(bench.prefill_ref(case, **kw), ref)), kw
+    impl = bench.make_ours_prefill(launch, case)
+    impl.out.fill_(float("nan"))
+    impl.run(0)
+    assert bench.tol_ok(bench.tol_ratio(impl.out, ref)) and bench.tol_ok(bench.tol_ratio(impl.out, slow)), impl.info
+    res = bench.measure(lambda: bench.make_ours_prefill(launch, case), case, ref, copies=1, rep=0, timed=False,
+                        errfn=bench.tol_ratio, okfn=bench.tol_ok)
+    assert res["ok"] is True and res["error"] is None, res
+    kv32 = case.kvs[0].float()
+    k32, v32 = bench.split_kv(kv32, D)
+    case32 = dataclasses.replace(case, q=case.q.float(), kvs=[kv32], keys=[k32], values=[v32])
+    triton = _vllm_triton()
+    if triton == "live":
+        res = bench.measure(lambda: bench.make_triton_prefill(case32), case32, ref, copies=1, rep=0, timed=False,
+                            errfn=bench.tol_ratio, okfn=bench.tol_ok)
+        assert res["ok"] is True, res
+    elif triton == "placeholder":
+        _, kd, vd = bench.unit_scales(case32)
+        kwargs = bench.triton_call_kwargs(case32, 0, torch.empty_like(case32.q), bench.triton_buffers(case32), kd, vd,
+                                          None, max_seqlen_q=case32.max_seqlen_q)
+        _signature_binds(kwargs)
+        assert kwargs["max_seqlen_q"] > 1 and kwargs["max_seqlen_k"] == case.ctx  # the 2D kernel
+    sched = bench.fa3_scheduler_kwargs(case, max_seqlen_q=case.max_seqlen_q, num_splits=0)
+    call = bench.fa3_call_kwargs(case, 0, None, None, bench.unit_scales(case), None, max_seqlen_q=case.max_seqlen_q,
+                                 num_splits=0)
+    assert sched["batch_size"] == case.B
+    assert sched["max_seqlen_q"] == call["max_seqlen_q"] == max(case.new)
+    assert sched["max_seqlen_k"] == call["max_seqlen_k"] == case.ctx
+    assert call["cu_seqlens_q"] is case.query_start_loc and call["seqused_k"] is case.seq_lens
+    assert call["causal"] is True and call["block_table"] is case.block_table
