@@ -43,7 +43,7 @@ from dataclasses import asdict, replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bench_attn_paged as bench  # noqa: E402
+import _attn_paged_cases as shared  # noqa: E402
 import torch  # noqa: E402
 from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
 from _search import descend  # noqa: E402
@@ -112,12 +112,12 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
     t0 = time.time()
     section, measured = {}, {}
     torch.manual_seed(1)
-    for n_done, name in enumerate(bench.PREFILL_CONFIGS):
-        Hq, Hkv, D = bench.HEADS[name]
-        deadline = t0 + budget_s * (n_done + 1) / len(bench.PREFILL_CONFIGS)
-        cases = [bench.make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=device)
-                 for kind, label, reqs in bench.PREFILL_CASES]
-        refs = [bench.prefill_ref(c) for c in cases]
+    for n_done, name in enumerate(shared.PREFILL_CONFIGS):
+        Hq, Hkv, D = shared.HEADS[name]
+        deadline = t0 + budget_s * (n_done + 1) / len(shared.PREFILL_CONFIGS)
+        cases = [shared.make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=device)
+                 for kind, label, reqs in shared.PREFILL_CASES]
+        refs = [shared.prefill_ref(c) for c in cases]
         G = Hq // Hkv
         default_m, default_cfg = launch.prefill_config(D, G, device)
         start = dict(block_m=default_m, block_n=default_cfg.block_n, num_warps=default_cfg.num_warps,
@@ -141,10 +141,10 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
                     launch.paged_prefill(case.q, case.keys[i], case.values[i], case.block_table, case.seq_lens,
                                          case.query_start_loc, case.scale, out, block_m=bm, config=cfg)
 
-                return bench.Impl(run, out, {})
+                return shared.Impl(run, out, {})
 
-            rows = [bench.measure(lambda c=c: factory(c), c, ref, copies=1, rep=bench.PREFILL_REP_MS,
-                                  errfn=bench.tol_ratio, okfn=bench.tol_ok) for c, ref in zip(cases, refs)]
+            rows = [shared.measure(lambda c=c: factory(c), c, ref, copies=1, rep=shared.PREFILL_REP_MS,
+                                  errfn=shared.tol_ratio, okfn=shared.tol_ok) for c, ref in zip(cases, refs)]
             good = all(r["ok"] and r["us"] for r in rows)
             entry = {"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st, "ok": good,
                      "us": [r["us"] for r in rows], "errors": [r["error"] for r in rows if r["error"]],
@@ -163,10 +163,10 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
         tflops = [c.flops / (u * 1e-6) / 1e12 for c, u in zip(cases, best["us"])]
         print(f"\nprefill head size {D} ({name}): best block_m={best['block_m']} block_n={best['block_n']} "
               f"warps={best['num_warps']} stages={best['num_stages']}: {best['geomean_us']:.1f} us geomean "
-              f"(default {bench.fmt(base['geomean_us'], '.1f')}); {len(seen)} launches, "
+              f"(default {shared.fmt(base['geomean_us'], '.1f')}); {len(seen)} launches, "
               f"{sum(not c['ok'] for c in seen)} failed or wrong")
         for c, u, tf, d_us in zip(cases, best["us"], tflops, base["us"]):
-            print(f"  {c.label:<16} {bench.fmt(d_us, '9.1f')} -> {u:9.1f} us ({tf:5.0f} TFLOP/s)")
+            print(f"  {c.label:<16} {shared.fmt(d_us, '9.1f')} -> {u:9.1f} us ({tf:5.0f} TFLOP/s)")
         section[str(D)] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
         measured[str(D)] = {"config": name, "cases": [c.label for c in cases], "tflops": tflops, "default": base,
                             "best": best, "candidates": seen}
@@ -191,27 +191,27 @@ def main() -> int:
         print("tune_attn_paged: needs a CUDA GPU", file=sys.stderr)
         return 1
     t0 = time.time()
-    launch, reference, ours_from = bench.import_ours()
+    launch, reference, ours_from = shared.import_ours()
     from infera_ops.attn_paged import policy
 
     device = torch.device("cuda")
     machine = describe_machine()
-    fa3_ok, _ = bench.fa3_status()
+    fa3_ok, _ = shared.fa3_status()
     torch.manual_seed(0)
-    sizes = sorted({D for _, _, D in bench.HEADS.values()})
+    sizes = sorted({D for _, _, D in shared.HEADS.values()})
     doc = {"benchmark": "tune_attn_paged", "machine": machine, "ours_from": ours_from, "head_sizes": {}}
     table = {}
     for n_done, D in enumerate([] if args.no_decode else sizes):
         deadline = t0 + args.budget_s * (n_done + 1) / len(sizes)  # what one size leaves unused carries over
         cases = []
-        for name, (Hq, Hkv, d) in bench.HEADS.items():
+        for name, (Hq, Hkv, d) in shared.HEADS.items():
             if d != D:
                 continue
-            for B, ctx in bench.ROWS:
-                copies = bench.kv_copies_for(B, ctx, Hkv, D, True)
-                case = bench.make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
-                cases.append((case, copies, bench.reference_out(reference, case)))
-        fa3 = [bench.measure(lambda c=c: bench.make_fa3(c), c, ref, copies=n, rep=bench.SWEEP_REP_MS)["us"]
+            for B, ctx in shared.ROWS:
+                copies = shared.kv_copies_for(B, ctx, Hkv, D, True)
+                case = shared.make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
+                shared.append((case, copies, shared.reference_out(reference, case)))
+        fa3 = [shared.measure(lambda c=c: shared.make_fa3(c), c, ref, copies=n, rep=shared.SWEEP_REP_MS)["us"]
                if fa3_ok else None for c, n, ref in cases]
         default = launch.decode_defaults(D, device)
         seen = {}
@@ -226,8 +226,8 @@ def main() -> int:
                 return None
             cfg, pol, pdl = cand
             picked = [cases[i] for i in only] if only else cases
-            rows = [bench.measure(lambda c=c: bench.make_ours(launch, c, config=cfg, policy=pol, pdl=pdl), c, ref,
-                                  copies=n, rep=bench.SWEEP_REP_MS) for c, n, ref in picked]
+            rows = [shared.measure(lambda c=c: shared.make_ours(launch, c, config=cfg, policy=pol, pdl=pdl), c, ref,
+                                  copies=n, rep=shared.SWEEP_REP_MS) for c, n, ref in picked]
             good = all(r["ok"] and r["us"] for r in rows)
             seen[key] = {"config": asdict(cfg), "policy": asdict(pol), "pdl": pdl, "us": [r["us"] for r in rows],
                          "rows": list(only) if only else None, "ok": good,
@@ -245,7 +245,7 @@ def main() -> int:
         if 1 in passes:
             cfg, pol, pdl = best_of([default] + [(launch.LaunchConfig(bn, w, st, unsplit=cfg.unsplit), pol, pdl)
                                                  for bn, w, st in itertools.product(
-                                                     bench.SWEEP_BLOCK_N, bench.SWEEP_WARPS, bench.SWEEP_STAGES)])
+                                                     shared.SWEEP_BLOCK_N, shared.SWEEP_WARPS, shared.SWEEP_STAGES)])
         if 2 in passes:
             cfg, pol, pdl = best_of([(cfg, pol, pdl)] + [(cfg, launch.SplitPolicy(p, k), pdl) for p, k in
                                                          itertools.product(PROGRAMS_PER_SM, SPLIT_KEYS)])
@@ -263,8 +263,8 @@ def main() -> int:
         if unsplit_rows and 5 in passes:
             plain = replace(cfg, unsplit=None, unsplit_by_group=())
             tried = [(plain, pol, pdl)] + [(replace(plain, unsplit=launch.LaunchConfig(bn, w, st)), pol, pdl)
-                                           for bn, w, st in itertools.product(bench.SWEEP_BLOCK_N,
-                                                                              bench.SWEEP_WARPS, bench.SWEEP_STAGES)]
+                                           for bn, w, st in itertools.product(shared.SWEEP_BLOCK_N,
+                                                                              shared.SWEEP_WARPS, shared.SWEEP_STAGES)]
             won = best_of(tried, only=unsplit_rows)
             grouped = replace(won[0], unsplit_by_group=unsplit_by_group(
                 won[0].unsplit, [(c[0].unsplit, seen.get((c, unsplit_rows))) for c in tried],
@@ -282,13 +282,13 @@ def main() -> int:
         print(f"  {'row':<28} {'default us':>10} {'best us':>9} {'FA3 us':>8} {'x FA3':>6}")
         for i, label in enumerate(labels):
             d_us = base["us"][i] if base else None
-            print(f"  {label:<28} {bench.fmt(d_us, '10.1f'):>10} {best['us'][i]:9.1f} "
-                  f"{bench.fmt(fa3[i], '8.1f'):>8} {bench.fmt(bench.ratio(fa3[i], best['us'][i]), '6.2f'):>6}")
+            print(f"  {label:<28} {shared.fmt(d_us, '10.1f'):>10} {best['us'][i]:9.1f} "
+                  f"{shared.fmt(fa3[i], '8.1f'):>8} {shared.fmt(shared.ratio(fa3[i], best['us'][i]), '6.2f'):>6}")
         table[str(D)] = table_entry(cfg, pol, pdl)
         doc["head_sizes"][str(D)] = {"rows": labels, "fa3_us": fa3, "default": base, "best": best,
                                      "candidates": list(seen.values())}
         # this head size's tensors go before the next size's are made; emptied, not deleted: score reads the name
-        cases.clear()
+        shared.clear()
         torch.cuda.empty_cache()
 
     out_dir = args.out or results_dir(machine)

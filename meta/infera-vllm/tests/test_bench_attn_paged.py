@@ -1,8 +1,9 @@
-"""``benchmarks/bench_attn_paged.py`` on the CPU, under Triton's interpreter, with no timing: the cache builders
-lay the cache out as vLLM's backends see it, the references agree with an independent one, a wrong kernel fails
-the benchmark's check, and our kernel, vLLM's Triton (fp32, where vLLM's Triton is live; else our keyword
-arguments bound to ``unified_attention``'s signature) and FA3's arguments are called as the benchmark calls them
-on the GPU. Tiny sizes of every head configuration of its tables."""
+"""``benchmarks/bench_attn_paged.py`` and ``bench_attn_paged_prefill.py`` (their cases: ``_attn_paged_cases.py``)
+on the CPU, under Triton's interpreter, with no timing: the cache builders lay the cache out as vLLM's backends
+see it, the references agree with an independent one, a wrong kernel fails the benchmark's check, and our
+kernel, vLLM's Triton (fp32, where vLLM's Triton is live; else our keyword arguments bound to
+``unified_attention``'s signature) and FA3's arguments are called as the benchmarks call them on the GPU. Tiny
+sizes of every head configuration of their tables."""
 
 import dataclasses
 import inspect
@@ -16,13 +17,14 @@ import torch
 
 pytestmark = pytest.mark.interpret
 ROOT = Path(__file__).resolve().parents[3]
-if not (ROOT / "benchmarks" / "bench_attn_paged.py").is_file():
+if not (ROOT / "benchmarks" / "_attn_paged_cases.py").is_file():
     pytest.skip("benchmarks/ is not here (tests run outside the repository)", allow_module_level=True)
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton kernels on the CPU need TRITON_INTERPRET=1 from interpreter start (nox sets it)",
                 allow_module_level=True)
 pytest.importorskip("infera_ops.attn_paged")
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _attn_paged_cases as cases  # noqa: E402
 import bench_attn_paged as bench  # noqa: E402
 
 from infera_ops.attn_paged import launch, reference  # noqa: E402
@@ -74,76 +76,76 @@ def _signature_binds(kwargs: dict) -> None:
 
 
 @pytest.mark.parametrize("B, ctx", DECODE_ROWS)
-@pytest.mark.parametrize("name", list(bench.HEADS))
+@pytest.mark.parametrize("name", list(cases.HEADS))
 def test_decode_case(name, B, ctx):
-    Hq, Hkv, D = bench.HEADS[name]
+    Hq, Hkv, D = cases.HEADS[name]
     torch.manual_seed(0)
-    case = bench.make_case(name, Hq, Hkv, D, B, ctx, device=CPU, copies=2)
-    bench.check_layout(case)  # vLLM's packed NHD cache and its key / value views
+    case = cases.make_case(name, Hq, Hkv, D, B, ctx, device=CPU, copies=2)
+    cases.check_layout(case)  # vLLM's packed NHD cache and its key / value views
     assert all(torch.equal(case.kvs[0], kv) for kv in case.kvs[1:]), "KV copies differ"
     bt = case.block_table.flatten().sort().values
     assert torch.equal(bt, torch.arange(bt.numel(), dtype=torch.int32)), "the block table is not a permutation"
-    ref = bench.reference_out(reference, case)
-    assert bench.max_err(ref, _gather_reference(case)) < 1e-4
+    ref = cases.reference_out(reference, case)
+    assert cases.max_err(ref, _gather_reference(case)) < 1e-4
     variants = [(None, ref)]
-    if name == bench.SINKS_CONFIG:
-        sinks = bench.make_sinks(Hq, ctx, CPU)
-        ref_s = bench.reference_out(reference, case, sinks)
-        assert bench.max_err(ref_s, _gather_reference(case, sinks)) < 1e-4
-        assert bench.max_err(ref_s, ref) > 10 * bench.TOL, "sinks must change the output by far more than the tolerance"
+    if name == cases.SINKS_CONFIG:
+        sinks = cases.make_sinks(Hq, ctx, CPU)
+        ref_s = cases.reference_out(reference, case, sinks)
+        assert cases.max_err(ref_s, _gather_reference(case, sinks)) < 1e-4
+        assert cases.max_err(ref_s, ref) > 10 * cases.TOL, "sinks must change the output by far more than the tolerance"
         variants.append((sinks, ref_s))
     for sinks, r in variants:
-        impl = bench.make_ours(launch, case, sinks)
+        impl = cases.make_ours(launch, case, sinks)
         for i in range(len(case.kvs)):  # every KV copy, as the graph's calls cycle over them
             impl.out.fill_(float("nan"))
             impl.run(i)
-            err = bench.max_err(impl.out, r)
-            assert bench.is_ok(err), f"ours (sinks {sinks is not None}) copy {i}: err {err:.2e} ({impl.info})"
-        res = bench.measure(lambda: bench.make_ours(launch, case, sinks), case, r, copies=2, rep=0, timed=False)
+            err = cases.max_err(impl.out, r)
+            assert cases.is_ok(err), f"ours (sinks {sinks is not None}) copy {i}: err {err:.2e} ({impl.info})"
+        res = cases.measure(lambda: cases.make_ours(launch, case, sinks), case, r, copies=2, rep=0, timed=False)
         assert res["ok"] is True and res["error"] is None, res
     # the check catches a kernel reading other keys, or half of them
-    other_k, other_v = bench.split_kv(bench.build_kv_cache(case.keys[0].shape[0], Hkv, D, device=CPU), D)
+    other_k, other_v = cases.split_kv(cases.build_kv_cache(case.keys[0].shape[0], Hkv, D, device=CPU), D)
     wrong = reference.paged_decode_reference(case.q, other_k, other_v, case.block_table, case.seq_lens, case.scale)
-    assert not bench.is_ok(bench.max_err(wrong, ref))
+    assert not cases.is_ok(cases.max_err(wrong, ref))
     half = reference.paged_decode_reference(case.q, case.keys[0], case.values[0], case.block_table,
                                             case.seq_lens // 2, case.scale)
-    assert not bench.is_ok(bench.max_err(half, ref))
+    assert not cases.is_ok(cases.max_err(half, ref))
     # vLLM's Triton as the benchmark calls it: run in fp32 (the interpreter has no bf16 dot) where it is live
-    case32 = bench.Case(**{**case.__dict__, "q": case.q.float(), "kvs": [kv.float() for kv in case.kvs]})
-    case32.keys, case32.values = map(list, zip(*(bench.split_kv(kv, D) for kv in case32.kvs)))
+    case32 = cases.Case(**{**case.__dict__, "q": case.q.float(), "kvs": [kv.float() for kv in case.kvs]})
+    case32.keys, case32.values = map(list, zip(*(cases.split_kv(kv, D) for kv in case32.kvs)))
     triton = _vllm_triton()
     for sinks, r in variants:
         if triton == "live":
-            res = bench.measure(lambda: bench.make_triton(case32, sinks), case32, r, copies=2, rep=0, timed=False)
+            res = cases.measure(lambda: cases.make_triton(case32, sinks), case32, r, copies=2, rep=0, timed=False)
             assert res["ok"] is True, res
         elif triton == "placeholder":
-            _, kd, vd = bench.unit_scales(case32)
-            _signature_binds(bench.triton_call_kwargs(case32, 1, torch.empty_like(case32.q),
-                                                      bench.triton_buffers(case32), kd, vd, sinks))
+            _, kd, vd = cases.unit_scales(case32)
+            _signature_binds(cases.triton_call_kwargs(case32, 1, torch.empty_like(case32.q),
+                                                      cases.triton_buffers(case32), kd, vd, sinks))
 
 
-@pytest.mark.parametrize("name", bench.SWEEP_CONFIGS)
+@pytest.mark.parametrize("name", cases.SWEEP_CONFIGS)
 def test_sweep_candidates_run_and_match(name):
     """The benchmark's launch sweep (num_stages matters only to the compiler: 2 only here)."""
-    Hq, Hkv, D = bench.HEADS[name]
+    Hq, Hkv, D = cases.HEADS[name]
     torch.manual_seed(0)
-    case = bench.make_case(name, Hq, Hkv, D, 2, 96, device=CPU)
+    case = cases.make_case(name, Hq, Hkv, D, 2, 96, device=CPU)
     sw = bench.sweep_case(launch, reference, case, 1, time.time() + 600, timed=False, stages=(2,))
     assert sw["n_candidates"] > 0 and sw["n_wrong"] == 0 and sw["n_failed_to_run"] == 0, sw
 
 
 def test_prefill_batches_leave_fa3_its_own_split_heuristic():
-    timed = [sum(n for _, n in reqs) for _, _, reqs in bench.PREFILL_CASES]
-    assert all(bench.fa3_builder_num_splits(T) == 0 for T in timed), timed
+    timed = [sum(n for _, n in reqs) for _, _, reqs in cases.PREFILL_CASES]
+    assert all(cases.fa3_builder_num_splits(T) == 0 for T in timed), timed
 
 
 @pytest.mark.parametrize("kind, label, reqs", PREFILL_CASES, ids=lambda v: str(v))
-@pytest.mark.parametrize("name", bench.PREFILL_CONFIGS)
+@pytest.mark.parametrize("name", cases.PREFILL_CONFIGS)
 def test_prefill_case(name, kind, label, reqs):
-    Hq, Hkv, D = bench.HEADS[name]
+    Hq, Hkv, D = cases.HEADS[name]
     torch.manual_seed(1)
-    case = bench.make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=CPU)
-    bench.check_layout(case)
+    case = cases.make_prefill_case(name, kind, label, Hq, Hkv, D, reqs, device=CPU)
+    cases.check_layout(case)
     new = torch.tensor(case.new)
     assert case.query_start_loc.dtype == case.seq_lens.dtype == case.block_table.dtype == torch.int32
     assert case.query_start_loc.tolist() == [0] + new.cumsum(0).tolist()
@@ -153,35 +155,35 @@ def test_prefill_case(name, kind, label, reqs):
     assert bt.unique().numel() == bt.numel() and int(bt.max()) < case.keys[0].shape[0], "blocks not distinct"
     visits = sum(c + i + 1 for c, n in zip(case.context, case.new) for i in range(n))
     assert case.flops == 4 * D * Hq * visits
-    ref = bench.prefill_ref(case)
+    ref = cases.prefill_ref(case)
     slow = reference.paged_prefill_reference(case.q, case.keys[0], case.values[0], case.block_table, case.seq_lens,
                                              case.query_start_loc, case.scale)
-    assert bench.max_err(ref, slow) < 1e-4
+    assert cases.max_err(ref, slow) < 1e-4
     for kw in ({"causal": False}, {"shift": 1}):  # a wrong mask fails the check
-        assert not bench.tol_ok(bench.tol_ratio(bench.prefill_ref(case, **kw), ref)), kw
-    impl = bench.make_ours_prefill(launch, case)
+        assert not cases.tol_ok(cases.tol_ratio(cases.prefill_ref(case, **kw), ref)), kw
+    impl = cases.make_ours_prefill(launch, case)
     impl.out.fill_(float("nan"))
     impl.run(0)
-    assert bench.tol_ok(bench.tol_ratio(impl.out, ref)) and bench.tol_ok(bench.tol_ratio(impl.out, slow)), impl.info
-    res = bench.measure(lambda: bench.make_ours_prefill(launch, case), case, ref, copies=1, rep=0, timed=False,
-                        errfn=bench.tol_ratio, okfn=bench.tol_ok)
+    assert cases.tol_ok(cases.tol_ratio(impl.out, ref)) and cases.tol_ok(cases.tol_ratio(impl.out, slow)), impl.info
+    res = cases.measure(lambda: cases.make_ours_prefill(launch, case), case, ref, copies=1, rep=0, timed=False,
+                        errfn=cases.tol_ratio, okfn=cases.tol_ok)
     assert res["ok"] is True and res["error"] is None, res
     kv32 = case.kvs[0].float()
-    k32, v32 = bench.split_kv(kv32, D)
+    k32, v32 = cases.split_kv(kv32, D)
     case32 = dataclasses.replace(case, q=case.q.float(), kvs=[kv32], keys=[k32], values=[v32])
     triton = _vllm_triton()
     if triton == "live":
-        res = bench.measure(lambda: bench.make_triton_prefill(case32), case32, ref, copies=1, rep=0, timed=False,
-                            errfn=bench.tol_ratio, okfn=bench.tol_ok)
+        res = cases.measure(lambda: cases.make_triton_prefill(case32), case32, ref, copies=1, rep=0, timed=False,
+                            errfn=cases.tol_ratio, okfn=cases.tol_ok)
         assert res["ok"] is True, res
     elif triton == "placeholder":
-        _, kd, vd = bench.unit_scales(case32)
-        kwargs = bench.triton_call_kwargs(case32, 0, torch.empty_like(case32.q), bench.triton_buffers(case32), kd, vd,
+        _, kd, vd = cases.unit_scales(case32)
+        kwargs = cases.triton_call_kwargs(case32, 0, torch.empty_like(case32.q), cases.triton_buffers(case32), kd, vd,
                                           None, max_seqlen_q=case32.max_seqlen_q)
         _signature_binds(kwargs)
         assert kwargs["max_seqlen_q"] > 1 and kwargs["max_seqlen_k"] == case.ctx  # the 2D kernel
-    sched = bench.fa3_scheduler_kwargs(case, max_seqlen_q=case.max_seqlen_q, num_splits=0)
-    call = bench.fa3_call_kwargs(case, 0, None, None, bench.unit_scales(case), None, max_seqlen_q=case.max_seqlen_q,
+    sched = cases.fa3_scheduler_kwargs(case, max_seqlen_q=case.max_seqlen_q, num_splits=0)
+    call = cases.fa3_call_kwargs(case, 0, None, None, cases.unit_scales(case), None, max_seqlen_q=case.max_seqlen_q,
                                  num_splits=0)
     assert sched["batch_size"] == case.B
     assert sched["max_seqlen_q"] == call["max_seqlen_q"] == max(case.new)
