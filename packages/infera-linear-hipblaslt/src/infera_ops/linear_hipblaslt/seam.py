@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from infera_ops.linear_hipblaslt import launch
+from infera_ops.linear_hipblaslt import launch, policy
 from infera_ops.linear_hipblaslt.policy import Table
 from infera_ops.linear_hipblaslt.spec import SPEC
 from infera_vllm import coverage, seams, self_check
@@ -42,8 +42,6 @@ from infera_vllm.switches import op_value
 
 
 def _table(family: str):
-    from infera_ops.linear_hipblaslt import policy
-
     try:
         found = policy.load(family)
     except policy.TableError as exc:

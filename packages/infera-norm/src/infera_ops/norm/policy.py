@@ -13,19 +13,11 @@ from infera_ops.norm.spec import SPEC
 from infera_vllm.switches import op_value
 
 DTYPES = (torch.bfloat16, torch.float16)
-
-
 MAX_HIDDEN = 16384  # the kernel keeps one row in registers (BLOCK_H = next power of two)
-
-
 # A norm over the last dim of a 3-D+ view at most this wide is a per-head (q/k) norm; a [batch, seq, hidden]
 # activation is wider (the smallest hidden size we serve, SmolLM2's, is 576)
 MAX_HEAD_DIM = 256
-
-
-EAGER_NEVER = 1 << 62  # default: eager calls always go to vLLM's next provider (launch cost, see above)
-
-
+EAGER_NEVER = 1 << 62  # default: eager calls always go to vLLM's next provider (launch cost: seam.py)
 HANDOVERS = ("eager-launch-cost", "per-head-fusion", "vllm-c-faster")  # by design, not capability limits
 
 
