@@ -18,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
+from _results import graph_us  # noqa: E402
 
 HEADS = {  # name: (Hq, Hkv, D)
     "llama3-8b": (32, 8, 128),
@@ -323,15 +324,6 @@ def short(exc: BaseException) -> str:
     return text[0][:300] if text else type(exc).__name__
 
 
-def graph_us(impl: Impl, copies: int, rep: int) -> float:
-    """Median µs per call from do_bench_cudagraph; the calls recorded in the graph cycle over the KV copies."""
-    from triton.testing import do_bench_cudagraph
-
-    order = itertools.cycle(range(copies))
-    torch.cuda.synchronize()
-    return do_bench_cudagraph(lambda: impl.run(next(order)), rep=rep, return_mode="median") * 1e3
-
-
 def eager_us(impl: Impl, rep: int) -> float:
     """Median µs per eager call (triton.testing.do_bench: launch overhead included, L2 flushed between calls)."""
     from triton.testing import do_bench
@@ -363,7 +355,7 @@ def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: b
             stage = "graph"
             impl.out.fill_(float("nan"))
             try:
-                res["us"] = graph_us(impl, copies, rep)
+                res["us"] = graph_us([lambda i=i: impl.run(i) for i in range(copies)], rep)
                 res["timing"] = "cudagraph"
             except Exception as exc:  # noqa: BLE001
                 if not eager_fallback:
@@ -390,14 +382,6 @@ def measure(factory, case, ref: torch.Tensor, *, copies: int, rep: int, timed: b
 
 def pct(nbytes: int, us, ceiling: float):
     return None if us is None else nbytes / (us * 1e-6) / 1e12 / ceiling * 100
-
-
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def fmt(x, spec: str, none: str = "-") -> str:
-    return none if x is None else format(x, spec)
 
 
 def ok_flag(row: dict, name: str) -> str:

@@ -1,14 +1,18 @@
 """What every benchmark shares: its command line's common part (``--out``), what it records beside its numbers
 (the machine, the software versions and the commit), the copy and read ceilings and the traffic floor it is
-measured against, and its kernels' GPU times."""
+measured against, the timing of its calls from CUDA-graph replays and its kernels' GPU times, and its printed
+table and plot."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
+from dataclasses import dataclass, field
+from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -171,22 +175,40 @@ def stream_floor_us(calls: list, rep_ms: int = 20) -> float:
     """The traffic floor of a call that reads given regions in given launches: ``calls`` = one entry per
     call, each a list of launches (a launch: [(tensor, ids, per), ...], at most two segments), replayed back
     to back in one CUDA graph as the benchmark replays the kernel under test (its calls over different
-    regions, so L2 starts cold); µs per call, the best of STREAM_LAUNCHES for the whole replay. The same bytes
+    regions, so L2 starts cold); µs per call (:func:`graph_us`), the best of STREAM_LAUNCHES. The same bytes
     in the same number of dependent launches as the kernel: what that kernel's time can approach, fixed
     costs of a launch included."""
     import torch
-    from triton.testing import do_bench_cudagraph
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     best = float("inf")
     for per_sm, block, warps, stages in STREAM_LAUNCHES:
-        def replay(per_sm=per_sm, block=block, warps=warps, stages=stages):
-            for launches in calls:
-                for launch in launches:
-                    stream_regions(launch, sms * per_sm, block, warps, stages)
+        def call(launches, per_sm=per_sm, block=block, warps=warps, stages=stages):
+            for launch in launches:
+                stream_regions(launch, sms * per_sm, block, warps, stages)
 
-        best = min(best, do_bench_cudagraph(replay, rep=rep_ms) * 1e3 / len(calls))
+        best = min(best, graph_us([lambda launches=launches: call(launches) for launches in calls], rep_ms))
     return best
+
+
+# ---- timing -----------------------------------------------------------------------------------------------
+
+def graph_us(calls: list, rep_ms: float = 30) -> float:
+    """µs per call, as vLLM runs decode: ``calls`` (zero-argument callables run in this order, e.g. one per KV
+    copy or weight rotation, so that each reads memory the one before did not and L2 starts cold; one callable
+    for a warm L2) captured in a CUDA graph as many times over as fill ``rep_ms`` and replayed
+    (``triton.testing.do_bench_cudagraph``: a warm-up call on a side stream first, so compilation and
+    autotuning stay outside the capture); the median over replays / len(calls). Gaps between launches inside
+    the graph are in the figure, the host's launch path is not."""
+    from triton.testing import do_bench_cudagraph
+
+    calls = list(calls)
+
+    def replay():
+        for call in calls:
+            call()
+
+    return do_bench_cudagraph(replay, rep=rep_ms, return_mode="median") * 1e3 / len(calls)
 
 
 def kernel_times_us(fn, calls: int = 1, reps: int = 10) -> dict | None:
@@ -213,3 +235,131 @@ def kernel_times_us(fn, calls: int = 1, reps: int = 10) -> dict | None:
         if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
             totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total
     return {name: us / (reps * calls) for name, us in totals.items()} or None
+
+
+# ---- the printed table --------------------------------------------------------------------------------------
+
+def fmt(value, spec: str = "", none: str = "-") -> str:
+    """``value`` formatted by ``spec``; ``none`` for a missing value (a run that failed or was not made)."""
+    return none if value is None else format(value, spec)
+
+
+def ratio(a, b):
+    """a / b, or None where either is missing (or b is 0)."""
+    return None if a is None or b is None or b == 0 else a / b
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a printed table: its ``header``, the row's value (a key of the row dict, or a function of
+    the row), that value's format spec (:func:`fmt`; a missing value prints "-") and alignment (``<`` for
+    names)."""
+
+    header: str
+    value: str | Callable[[dict], object]
+    spec: str = ""
+    align: str = ">"
+
+    def cell(self, row: dict) -> str:
+        value = self.value(row) if callable(self.value) else row.get(self.value)
+        return fmt(value, self.spec)
+
+
+def table(rows: list, columns: list, legend: str = "") -> str:
+    """``rows`` as a fixed-width text table under ``legend`` (what the columns mean): each column as wide as
+    its widest cell."""
+    cells = [[c.cell(r) for c in columns] for r in rows]
+    widths = [max([len(c.header)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+
+    def line(values):
+        return " ".join(format(v, f"{c.align}{w}") for v, c, w in zip(values, columns, widths)).rstrip()
+
+    header = line([c.header for c in columns])
+    return "\n".join(([legend] if legend else []) + [header, "-" * len(header)] + [line(v) for v in cells])
+
+
+# ---- the plot -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Series:
+    """One implementation's (or one floor's) values over a panel's x, None where it has none; ``bad``: where the
+    result was wrong or the call failed (marked BAD on the plot); ``style``: the matplotlib format of a line."""
+
+    label: str
+    values: list
+    style: str = "o-"
+    bad: list | None = None
+    alpha: float = 1.0
+
+
+@dataclass
+class Panel:
+    """One subplot: ``x`` numbers (lines) or category labels (grouped bars for ``bars``), ``lines`` drawn over
+    them (a floor, a ceiling per x), ``ceiling`` a horizontal line (value, label)."""
+
+    title: str
+    x: list
+    ylabel: str
+    bars: list = field(default_factory=list)
+    lines: list = field(default_factory=list)
+    ceiling: tuple | None = None
+    xlabel: str = ""
+    logx: bool = False
+    logy: bool = False
+    ylim: tuple | None = None
+
+
+def figure(path: str, grid: list, title: str = "") -> None:
+    """A PNG of ``grid`` (rows of :class:`Panel`): ours, vLLM's and the physical ceiling or floor side by side;
+    a legend on each row's first panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cols = len(grid), max(len(r) for r in grid)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.7 * rows), squeeze=False)
+    for i, panels in enumerate(grid):
+        for j in range(cols):
+            if j >= len(panels):
+                axes[i][j].axis("off")
+                continue
+            _draw(axes[i][j], panels[j])
+        axes[i][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _draw(ax, p: Panel) -> None:
+    nan = float("nan")
+    xs = list(range(len(p.x))) if p.bars else p.x
+    width = 0.8 / max(1, len(p.bars))
+    for j, s in enumerate(p.bars):
+        off = [x + (j - (len(p.bars) - 1) / 2) * width for x in xs]
+        ys = [nan if v is None else v for v in s.values]
+        ax.bar(off, ys, width, label=s.label, color=f"C{j}", alpha=s.alpha)
+        for x, y, bad in zip(off, ys, s.bad or []):
+            if bad:  # a wrong or failed result is marked where its bar is (or would be)
+                ax.annotate("BAD", (x, y if math.isfinite(y) else 1.0), ha="center", va="bottom", color="red",
+                            fontsize=7, rotation=90)
+    for s in p.lines:
+        marker = {"marker": "_", "markersize": 14} if p.bars else {}
+        ax.plot(xs, [nan if v is None else v for v in s.values], s.style, label=s.label, alpha=s.alpha, **marker)
+    if p.ceiling:
+        ax.axhline(p.ceiling[0], color="k", ls="--", label=p.ceiling[1])
+    if p.bars:
+        ax.set_xticks(xs)
+        ax.set_xticklabels(p.x, fontsize=7)
+        ax.set_xlim(-0.6, len(xs) - 0.4)
+    if p.logx:
+        ax.set_xscale("log", base=2)
+    if p.logy:
+        ax.set_yscale("log")
+    if p.ylim:
+        ax.set_ylim(*p.ylim)
+    ax.set_title(p.title, fontsize=9)
+    ax.set_xlabel(p.xlabel)
+    ax.set_ylabel(p.ylabel)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 import os
 import sys
 import time
@@ -76,7 +75,6 @@ from _attn_paged_cases import (  # noqa: E402
     Case,
     check_layout,
     fa3_status,
-    fmt,
     import_ours,
     kv_copies_for,
     make_case,
@@ -87,17 +85,23 @@ from _attn_paged_cases import (  # noqa: E402
     measure,
     ok_flag,
     pct,
-    ratio,
     reference_out,
     short,
 )
 from _results import (  # noqa: E402
+    Column,
+    Panel,
+    Series,
     arguments,
     copy_ceiling_tb_s,
     describe_machine,
+    figure,
+    fmt,
     kernel_times_us,
+    ratio,
     results_dir,
     stream_floor_us,
+    table,
     write_json,
 )
 from bench_attn_paged_prefill import run_prefill  # noqa: E402
@@ -153,27 +157,19 @@ def print_row(row: dict) -> None:
             print(f"    {name}: {row[f'{name}_error']}", flush=True)
 
 
-HEADER = (f"{'config':<18} {'B':>4} {'ctx':>6} {'ours us':>9} {'FA3 us':>9} {'triton us':>9} {'xFA3':>6} "
-          f"{'xtriton':>7} {'ours%':>6} {'FA3%':>6} {'tri%':>6}  {'ok ours/FA3/tri':<16} splits")
-
-
 def print_table(rows: list, ceiling: float) -> list:
-    print(f"\ncopy ceiling {ceiling:.2f} TB/s; % = KV bytes / time / ceiling; x = other_us / ours_us (>1: ours "
-          f"faster)")
-    print(HEADER)
-    print("-" * len(HEADER))
-    bad = []
-    for r in rows:
-        flags = "/".join(ok_flag(r, n) for n in IMPLS)
-        print(f"{r['config']:<18} {r['B']:>4} {r['ctx']:>6} {fmt(r['ours_us'], '9.1f'):>9} "
-              f"{fmt(r['fa3_us'], '9.1f'):>9} {fmt(r['triton_us'], '9.1f'):>9} "
-              f"{fmt(r['speedup_vs_fa3'], '6.2f'):>6} {fmt(r['speedup_vs_triton'], '7.2f'):>7} "
-              f"{fmt(r['ours_pct_copy'], '6.1f'):>6} {fmt(r['fa3_pct_copy'], '6.1f'):>6} "
-              f"{fmt(r['triton_pct_copy'], '6.1f'):>6}  {flags:<16} {r['ours_splits']} "
-              f"(FA3 <={FA3_MAX_NUM_SPLITS}, triton {r['triton_path']})")
-        for n in IMPLS:
-            if r[f"{n}_ok"] is False:
-                bad.append((r, n))
+    print()
+    print(table(rows, [
+        Column("config", "config", align="<"), Column("B", "B"), Column("ctx", "ctx"),
+        Column("ours us", "ours_us", ".1f"), Column("FA3 us", "fa3_us", ".1f"), Column("triton us", "triton_us", ".1f"),
+        Column("xFA3", "speedup_vs_fa3", ".2f"), Column("xtriton", "speedup_vs_triton", ".2f"),
+        Column("ours%", "ours_pct_copy", ".1f"), Column("FA3%", "fa3_pct_copy", ".1f"),
+        Column("tri%", "triton_pct_copy", ".1f"),
+        Column("ok ours/FA3/tri", lambda r: "/".join(ok_flag(r, n) for n in IMPLS), align="<"),
+        Column("splits", lambda r: f"{r['ours_splits']} (FA3 <={FA3_MAX_NUM_SPLITS}, triton {r['triton_path']})",
+               align="<"),
+    ], f"copy ceiling {ceiling:.2f} TB/s; % = KV bytes / time / ceiling; x = other_us / ours_us (>1: ours faster)"))
+    bad = [(r, n) for r in rows for n in IMPLS if r[f"{n}_ok"] is False]
     if bad:
         print("\n" + "!" * 100)
         for r, n in bad:
@@ -277,51 +273,23 @@ def sweep_case(launch, reference, case: Case, copies: int, deadline: float, *, t
 # ----------------------------------------------------------------------------------------------------------
 
 def plot(rows: list, ceiling: float, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    configs = list(dict.fromkeys(r["config"] for r in rows))
-    fig, axes = plt.subplots(2, len(configs), figsize=(4.6 * len(configs), 7.2), squeeze=False)
-    width = 0.27
-    for col, name in enumerate(configs):
+    """Per head configuration: µs per call (log) over the KV bytes' floor and the stream floor, and % of the
+    copy ceiling; ours, FA3 and vLLM's Triton side by side, wrong results marked BAD."""
+    top, bottom = [], []
+    for name in dict.fromkeys(r["config"] for r in rows):
         sel = [r for r in rows if r["config"] == name]
-        labels = [f"B{r['B']}\n{r['ctx'] // 1024}k" if r["ctx"] % 1024 == 0 else f"B{r['B']}\n{r['ctx']}" for r in sel]
-        xs = range(len(sel))
-        top, bottom = axes[0][col], axes[1][col]
-        nan = float("nan")
-        for j, impl in enumerate(IMPLS):
-            us = [r[f"{impl}_us"] if r[f"{impl}_us"] is not None else nan for r in sel]
-            pc = [r[f"{impl}_pct_copy"] if r[f"{impl}_pct_copy"] is not None else nan for r in sel]
-            off = [x + (j - 1) * width for x in xs]
-            top.bar(off, us, width, label=LABELS[impl], color=f"C{j}")
-            bottom.bar(off, pc, width, label=LABELS[impl], color=f"C{j}")
-            for x, r, u, p in zip(off, sel, us, pc):
-                if r[f"{impl}_ok"] is False:  # a wrong or failed result: marked on both plots
-                    top.annotate("BAD", (x, u if math.isfinite(u) else r["floor_us"]), ha="center", va="bottom",
-                                 color="red", fontsize=7, rotation=90)
-                    bottom.annotate("BAD", (x, p if math.isfinite(p) else 1.0), ha="center", va="bottom",
-                                    color="red", fontsize=7, rotation=90)
-        top.plot(list(xs), [r["floor_us"] for r in sel], "k--", marker="_", markersize=14,
-                 label="floor: KV bytes / copy ceiling")
-        top.plot(list(xs), [r["stream_floor_us"] for r in sel], "k:", marker="_", markersize=14,
-                 label="stream floor: the same pages read alone")
-        bottom.axhline(100, color="k", ls="--", label=f"copy ceiling {ceiling:.2f} TB/s")
-        top.set_yscale("log")
-        top.set_title(f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})", fontsize=9)
-        top.set_ylabel("µs per call (log)")
-        bottom.set_ylabel("% of copy bandwidth")
-        for ax in (top, bottom):
-            ax.set_xticks(list(xs))
-            ax.set_xticklabels(labels, fontsize=7)
-    axes[0][0].legend(fontsize=7)
-    axes[1][0].legend(fontsize=7)
-    fig.suptitle("paged decode attention, bf16, block 16: infera vs vLLM 0.26 FA3 / Triton (CUDA-graph replays)",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        x = [f"B{r['B']}\n{r['ctx'] // 1024}k" if r["ctx"] % 1024 == 0 else f"B{r['B']}\n{r['ctx']}" for r in sel]
+        bad = {n: [r[f"{n}_ok"] is False for r in sel] for n in IMPLS}
+        title = f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})"
+        top.append(Panel(title, x, "µs per call (log)", logy=True,
+                         bars=[Series(LABELS[n], [r[f"{n}_us"] for r in sel], bad=bad[n]) for n in IMPLS],
+                         lines=[Series("floor: KV bytes / copy ceiling", [r["floor_us"] for r in sel], "k--"),
+                                Series("stream floor: the same pages read alone", [r["stream_floor_us"] for r in sel],
+                                       "k:")]))
+        bottom.append(Panel(title, x, "% of copy bandwidth", ceiling=(100, f"copy ceiling {ceiling:.2f} TB/s"),
+                            bars=[Series(LABELS[n], [r[f"{n}_pct_copy"] for r in sel], bad=bad[n]) for n in IMPLS]))
+    figure(path, [top, bottom], "paged decode attention, bf16, block 16: infera vs vLLM 0.26 FA3 / Triton "
+                                "(CUDA-graph replays)")
 
 
 # ----------------------------------------------------------------------------------------------------------

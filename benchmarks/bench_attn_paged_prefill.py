@@ -30,7 +30,6 @@ table, and ``bench_attn_paged_prefill.png`` with the dense bf16 ceiling 790 TFLO
 from __future__ import annotations
 
 import gc
-import math
 import os
 import sys
 import time
@@ -54,7 +53,6 @@ from _attn_paged_cases import (  # noqa: E402
     PrefillCase,
     check_layout,
     fa3_status,
-    fmt,
     import_ours,
     make_fa3_prefill,
     make_ours_prefill,
@@ -63,15 +61,21 @@ from _attn_paged_cases import (  # noqa: E402
     measure,
     ok_flag,
     prefill_ref,
-    ratio,
     short,
     tol_ok,
     tol_ratio,
 )
 from _results import (  # noqa: E402
+    Column,
+    Panel,
+    Series,
     arguments,
     describe_machine,
+    figure,
+    fmt,
+    ratio,
     results_dir,
+    table,
     write_json,
 )
 
@@ -128,35 +132,25 @@ def print_prefill_row(row: dict) -> None:
             print(f"    {name}: timed as {row[f'{name}_timing']}", flush=True)
 
 
-PREFILL_HEADER = (f"{'config':<10} {'case':<15} {'R':>3} {'T':>5} {'GFLOP':>7} {'route':>5} {'route us':>9} "
-                  f"{'ours us':>9} {'FA3 us':>9} "
-                  f"{'triton us':>9} {'xFA3':>6} {'xtriton':>7} {'oursTF':>6} {'FA3TF':>6} {'triTF':>6}  "
-                  f"{'ok ours/FA3/tri':<16} err/tol ours/FA3/tri")
-
-
 def print_prefill_table(rows: list) -> list:
-    print(f"\nprefill (ragged causal, bf16, block {BLOCK_SIZE}); TF = TFLOP/s (4·D·Hq·causal key visits / time; "
-          f"dense bf16 ceiling {PEAK_BF16_TFLOPS:.0f}); x = other_us / ours_us (>1: ours faster); err/tol = max "
-          f"|out - ref| / ({PREFILL_ATOL} + {PREFILL_RTOL}·|ref|), ok <= 1")
-    print(PREFILL_HEADER)
-    print("-" * len(PREFILL_HEADER))
-    bad = []
-    for r in rows:
-        flags = "/".join(ok_flag(r, n) for n in IMPLS)
-        errs = "/".join(fmt(r[f"{n}_err"], ".2f") for n in IMPLS)
-        print(f"{r['config']:<10} {r['case']:<15} {r['R']:>3} {r['T']:>5} {r['flops'] / 1e9:>7.1f} "
-              f"{r['route']:>5} {fmt(r['route_us'], '9.1f'):>9} "
-              f"{fmt(r['ours_us'], '9.1f'):>9} {fmt(r['fa3_us'], '9.1f'):>9} {fmt(r['triton_us'], '9.1f'):>9} "
-              f"{fmt(r['speedup_vs_fa3'], '6.2f'):>6} {fmt(r['speedup_vs_triton'], '7.2f'):>7} "
-              f"{fmt(r['ours_tflops'], '6.1f'):>6} {fmt(r['fa3_tflops'], '6.1f'):>6} "
-              f"{fmt(r['triton_tflops'], '6.1f'):>6}  {flags:<16} {errs}")
-        for n in IMPLS:
-            if r[f"{n}_ok"] is False:
-                bad.append((r, n))
+    print()
+    print(table(rows, [
+        Column("config", "config", align="<"), Column("case", "case", align="<"), Column("R", "R"), Column("T", "T"),
+        Column("GFLOP", lambda r: r["flops"] / 1e9, ".1f"), Column("route", "route"),
+        Column("route us", "route_us", ".1f"), Column("ours us", "ours_us", ".1f"), Column("FA3 us", "fa3_us", ".1f"),
+        Column("triton us", "triton_us", ".1f"), Column("xFA3", "speedup_vs_fa3", ".2f"),
+        Column("xtriton", "speedup_vs_triton", ".2f"), Column("oursTF", "ours_tflops", ".1f"),
+        Column("FA3TF", "fa3_tflops", ".1f"), Column("triTF", "triton_tflops", ".1f"),
+        Column("ok ours/FA3/tri", lambda r: "/".join(ok_flag(r, n) for n in IMPLS), align="<"),
+        Column("err/tol ours/FA3/tri", lambda r: "/".join(fmt(r[f"{n}_err"], ".2f") for n in IMPLS), align="<"),
+    ], f"prefill (ragged causal, bf16, block {BLOCK_SIZE}); TF = TFLOP/s (4·D·Hq·causal key visits / time; dense "
+       f"bf16 ceiling {PEAK_BF16_TFLOPS:.0f}); x = other_us / ours_us (>1: ours faster); err/tol = max |out - ref| / "
+       f"({PREFILL_ATOL} + {PREFILL_RTOL}·|ref|), ok <= 1"))
     for r in rows:
         for n in IMPLS:
             if r[f"{n}_timing"] not in (None, "cudagraph"):
                 print(f"note: {n} {r['config']} {r['case']} timed as {r[f'{n}_timing']}")
+    bad = [(r, n) for r in rows for n in IMPLS if r[f"{n}_ok"] is False]
     if bad:
         print("\n" + "!" * 100)
         for r, n in bad:
@@ -168,52 +162,23 @@ def print_prefill_table(rows: list) -> list:
 
 
 def plot_prefill(rows: list, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    configs = list(dict.fromkeys(r["config"] for r in rows))
-    fig, axes = plt.subplots(2, len(configs), figsize=(5.2 * len(configs), 7.2), squeeze=False)
-    width = 0.27
-    nan = float("nan")
-    for col, name in enumerate(configs):
+    """Per head configuration: µs per call (log) over the FLOPs' floor, and TFLOP/s against the dense bf16
+    peak; ours, FA3 and vLLM's Triton side by side, wrong results marked BAD."""
+    top, bottom = [], []
+    for name in dict.fromkeys(r["config"] for r in rows):
         sel = [r for r in rows if r["config"] == name]
-        labels = [f"{r['kind']}\n{r['case']}" for r in sel]
-        xs = range(len(sel))
-        top, bottom = axes[0][col], axes[1][col]
-        for j, impl in enumerate(IMPLS):
-            us = [r[f"{impl}_us"] if r[f"{impl}_us"] is not None else nan for r in sel]
-            tf = [r[f"{impl}_tflops"] if r[f"{impl}_tflops"] is not None else nan for r in sel]
-            off = [x + (j - 1) * width for x in xs]
-            top.bar(off, us, width, label=LABELS[impl], color=f"C{j}")
-            bottom.bar(off, tf, width, label=LABELS[impl], color=f"C{j}")
-            for x, r, u, t in zip(off, sel, us, tf):
-                if r[f"{impl}_ok"] is False:
-                    top.annotate("BAD", (x, u if math.isfinite(u) else r["floor_us"]), ha="center", va="bottom",
-                                 color="red", fontsize=7, rotation=90)
-                    bottom.annotate("BAD", (x, t if math.isfinite(t) else 1.0), ha="center", va="bottom",
-                                    color="red", fontsize=7, rotation=90)
-        top.plot(list(xs), [r["floor_us"] for r in sel], "k--", marker="_", markersize=14,
-                 label=f"floor: FLOPs / {PEAK_BF16_TFLOPS:.0f} TFLOP/s")
-        bottom.axhline(PEAK_BF16_TFLOPS, color="k", ls="--", label=f"bf16 dense peak {PEAK_BF16_TFLOPS:.0f} TFLOP/s")
-        bottom.set_ylim(0, PEAK_BF16_TFLOPS * 1.1)
-        for ax in (top, bottom):
-            ax.set_xlim(-0.6, len(sel) - 0.4)
-        top.set_yscale("log")
-        top.set_title(f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})", fontsize=9)
-        top.set_ylabel("µs per call (log)")
-        bottom.set_ylabel("TFLOP/s (causal FLOPs)")
-        for ax in (top, bottom):
-            ax.set_xticks(list(xs))
-            ax.set_xticklabels(labels, fontsize=7)
-    axes[0][0].legend(fontsize=7)
-    axes[1][0].legend(fontsize=7)
-    fig.suptitle("paged prefill attention (ragged, causal), bf16, block 16: infera vs vLLM 0.26 FA3 / Triton 2D "
-                 "(CUDA-graph replays)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        x = [f"{r['kind']}\n{r['case']}" for r in sel]
+        bad = {n: [r[f"{n}_ok"] is False for r in sel] for n in IMPLS}
+        title = f"{name} (Hq {sel[0]['Hq']}, Hkv {sel[0]['Hkv']}, D {sel[0]['D']})"
+        top.append(Panel(title, x, "µs per call (log)", logy=True,
+                         bars=[Series(LABELS[n], [r[f"{n}_us"] for r in sel], bad=bad[n]) for n in IMPLS],
+                         lines=[Series(f"floor: FLOPs / {PEAK_BF16_TFLOPS:.0f} TFLOP/s", [r["floor_us"] for r in sel],
+                                       "k--")]))
+        bottom.append(Panel(title, x, "TFLOP/s (causal FLOPs)", ylim=(0, PEAK_BF16_TFLOPS * 1.1),
+                            ceiling=(PEAK_BF16_TFLOPS, f"bf16 dense peak {PEAK_BF16_TFLOPS:.0f} TFLOP/s"),
+                            bars=[Series(LABELS[n], [r[f"{n}_tflops"] for r in sel], bad=bad[n]) for n in IMPLS]))
+    figure(path, [top, bottom], "paged prefill attention (ragged, causal), bf16, block 16: infera vs vLLM 0.26 FA3 / "
+                                "Triton 2D (CUDA-graph replays)")
 
 
 def run_prefill(launch, doc: dict, out_dir: str, fa3_ok: bool, device) -> list:

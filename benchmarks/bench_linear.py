@@ -21,7 +21,19 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import arguments, copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
+from _results import (  # noqa: E402
+    Column,
+    Panel,
+    Series,
+    arguments,
+    copy_ceiling_tb_s,
+    describe_machine,
+    figure,
+    graph_us,
+    results_dir,
+    table,
+    write_json,
+)
 
 SHAPES = ((6144, 4096), (28672, 4096), (4096, 14336))  # (N, K)
 GRID = {"block_n": (16, 32, 64), "block_k": (256,), "split_k": (1, 2), "num_stages": (3, 4)}
@@ -31,7 +43,6 @@ PEAK_TFLOPS = 790.0  # H200 dense bf16, the issue's floor
 def main() -> int:
     import torch.nn.functional as F
     from triton.runtime.errors import OutOfResources
-    from triton.testing import do_bench_cudagraph
 
     from infera_ops.linear_hipblaslt import launch, policy
     from infera_ops.linear_hipblaslt.launch import LaunchConfig
@@ -50,7 +61,7 @@ def main() -> int:
         w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K**0.5
         x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
         ref = linear_reference(x, w, None)
-        t_torch = do_bench_cudagraph(lambda: F.linear(x, w), rep=30) * 1e3
+        t_torch = graph_us([lambda: F.linear(x, w)])
         t_lt, t_tunable, tunable_solution = blaslt_routes(x, w, ref)
         buckets = tuned.buckets(N, K, "bfloat16", False) if tuned else None
         bucket = policy.Table.choose(buckets, M) if buckets else None
@@ -69,7 +80,7 @@ def main() -> int:
             e = ((got.float() - ref).abs().max() / ref.abs().max()).item()
             if not e <= 2e-2:
                 continue
-            t = do_bench_cudagraph(lambda: launch.skinny_linear(x, w, None, cfg), rep=30) * 1e3
+            t = graph_us([lambda: launch.skinny_linear(x, w, None, cfg)])
             if t < t_best:
                 best, t_best, err = cfg, t, e
         floor_us = max(N * K * 2 / (ceiling * 1e12), 2 * M * N * K / (PEAK_TFLOPS * 1e12)) * 1e6
@@ -85,6 +96,7 @@ def main() -> int:
         path = write_json(out_dir, "bench_linear", {"benchmark": "bench_linear", "machine": machine,
                                                     "copy_ceiling_tb_s": ceiling, "peak_tflops": PEAK_TFLOPS,
                                                     "tuning": tuned.source if tuned else None, "rows": rows})
+    print_table(rows, ceiling)
     plot(rows, path.replace(".json", ".png"))
     print(f"copy ceiling {ceiling:.2f} TB/s; wrote {path}")
     return 0
@@ -95,13 +107,12 @@ def blaslt_routes(x, w, ref) -> tuple[float, float, str]:
     kept in memory only). Returns (cuBLASLt us, TunableOp us, TunableOp's chosen solution); inf for a route
     whose result differs from the reference."""
     import torch.nn.functional as F
-    from triton.testing import do_bench_cudagraph
 
     def checked(fn) -> float:
         got = fn()
         if not ((got.float() - ref).abs().max() / ref.abs().max()).item() <= 2e-2:
             return float("inf")
-        return do_bench_cudagraph(fn, rep=30) * 1e3
+        return graph_us([fn])
 
     before = torch.backends.cuda.preferred_blas_library()
     torch.backends.cuda.preferred_blas_library("cublaslt")
@@ -129,30 +140,33 @@ def blaslt_routes(x, w, ref) -> tuple[float, float, str]:
     return t_lt, t_tunable, solution
 
 
+def print_table(rows: list, ceiling: float) -> None:
+    print()
+    print(table(rows, [
+        Column("N", "N"), Column("K", "K"), Column("M", "M"), Column("F.linear us", "torch_us", ".1f"),
+        Column("triton us", "infera_us", ".1f"), Column("x", "speedup", ".2f"),
+        Column("cuBLASLt us", "cublaslt_us", ".1f"), Column("TunableOp us", "tunableop_us", ".1f"),
+        Column("floor us", "floor_us", ".1f"),
+        Column("F.linear%floor", lambda r: r["torch_of_floor"] * 100, ".0f"),
+        Column("triton%floor", lambda r: r["infera_of_floor"] * 100, ".0f"), Column("source", "source", align="<"),
+    ], f"copy ceiling {ceiling:.2f} TB/s; floor = max(weight bytes / copy ceiling, FLOPs / {PEAK_TFLOPS:.0f} "
+       f"TFLOP/s); x = F.linear us / triton us"))
+
+
 def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shapes = sorted({(r["N"], r["K"]) for r in rows})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.8), squeeze=False)
-    for ax, (N, K) in zip(axes[0], shapes):
+    """Per (N, K): µs over M for F.linear (its cuBLAS, cuBLASLt and TunableOp routes) and our kernel, against
+    the floor."""
+    panels = []
+    for N, K in sorted({(r["N"], r["K"]) for r in rows}):
         sel = [r for r in rows if (r["N"], r["K"]) == (N, K)]
-        ms = [r["M"] for r in sel]
-        ax.plot(ms, [r["torch_us"] for r in sel], "o-", label="F.linear (vLLM's CUDA GEMM)")
-        ax.plot(ms, [r["infera_us"] for r in sel], "o-", label="infera skinny-M Triton")
-        ax.plot(ms, [r["cublaslt_us"] for r in sel], "s:", label="F.linear via cuBLASLt")
-        ax.plot(ms, [r["tunableop_us"] for r in sel], "^:", label="F.linear with TunableOp")
-        ax.plot(ms, [r["floor_us"] for r in sel], "k--", label="floor (weight bytes / copy BW, FLOPs / peak)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"N={N} K={K} bf16", fontsize=9)
-        ax.set_xlabel("M (tokens)")
-        ax.set_ylabel("us")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+        panels.append(Panel(f"N={N} K={K} bf16", [r["M"] for r in sel], "us", xlabel="M (tokens)", logx=True, logy=True,
+                            lines=[Series(label, [r[key] for r in sel], style) for key, label, style in (
+                                ("torch_us", "F.linear (vLLM's CUDA GEMM)", "o-"),
+                                ("infera_us", "infera skinny-M Triton", "o-"),
+                                ("cublaslt_us", "F.linear via cuBLASLt", "s:"),
+                                ("tunableop_us", "F.linear with TunableOp", "^:"),
+                                ("floor_us", "floor (weight bytes / copy BW, FLOPs / peak)", "k--"))]))
+    figure(path, [panels])
 
 
 if __name__ == "__main__":

@@ -26,15 +26,20 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import (
+from _results import (  # noqa: E402
+    Column,
+    Panel,
+    Series,
     arguments,
-    # noqa: E402
     copy_ceiling_tb_s,
     describe_machine,
+    figure,
+    graph_us,
     kernel_times_us,
     read_ceiling_tb_s,
     results_dir,
     stream_floor_us,
+    table,
     write_json,
 )
 
@@ -87,13 +92,8 @@ class Case:
         return kernel_times_us(lambda: [self.run(fn, r) for r in range(ROTATIONS)], calls=ROTATIONS)
 
     def time_us(self, fn) -> float:
-        from triton.testing import do_bench_cudagraph
-
-        def replay():
-            for r in range(ROTATIONS):
-                self.run(fn, r)
-
-        return do_bench_cudagraph(replay, rep=30) * 1e3 / ROTATIONS
+        """µs per call, the rotations replayed in turn from a CUDA graph (_results.graph_us)."""
+        return graph_us([lambda r=r: self.run(fn, r) for r in range(ROTATIONS)])
 
 
 def vllm_experts():
@@ -177,32 +177,38 @@ def main() -> int:
                                                     "copy_ceiling_tb_s": copy, "read_ceiling_tb_s": read,
                                                     "rotations": ROTATIONS,
                                                     "tuning": tuned.source if tuned else None, "rows": rows})
+    print_table(rows, copy, read)
     plot(rows, read, path.replace(".json", ".png"))
     print(f"wrote {path}")
     return 0
 
 
+def print_table(rows: list, copy: float, read: float) -> None:
+    print()
+    print(table(rows, [
+        Column("dims", "dims", align="<"), Column("M", "M"), Column("experts", "distinct_experts", ".1f"),
+        Column("infera us", "infera_us", ".1f"), Column("vllm us", "vllm_us", ".1f"), Column("x", "speedup", ".2f"),
+        Column("infera%read", "infera_pct_read", ".1f"), Column("vllm%read", "vllm_pct_read", ".1f"),
+        Column("infera%copy", "infera_pct_copy", ".1f"), Column("floor2 us", "floor_two_launch_us", ".1f"),
+        Column("floor1 us", "floor_one_launch_us", ".1f"), Column("%floor2", "infera_pct_floor", ".0f"),
+        Column("rel.err", "max_rel_err", ".1e"), Column("served", lambda r: "yes" if r["served"] else "handed over",
+                                                        align="<"),
+    ], f"copy ceiling {copy:.2f} TB/s, read ceiling {read:.2f} TB/s; % = weight bytes / time / ceiling; x = vllm_us "
+       f"/ infera_us; floor2/floor1 = the same weights streamed in 2 / 1 launches; %floor2 = floor2 / infera_us"))
+
+
 def plot(rows, read, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(dict.fromkeys(r["dims"] for r in rows))
-    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    """Per dims: weight bytes / time over M for ours, vLLM's fused_experts and the two-launch traffic floor,
+    against the read ceiling."""
+    panels = []
+    for name in dict.fromkeys(r["dims"] for r in rows):
         sel = [r for r in rows if r["dims"] == name]
-        for key, label in (("infera_us", "infera"), ("vllm_us", "vLLM fused_experts"),
-                           ("floor_two_launch_us", "traffic floor, 2 launches")):
-            ax.plot([r["M"] for r in sel], [r["bytes"] / (r[key] * 1e-6) / 1e12 for r in sel], "o-", label=label)
-        ax.axhline(read, color="k", ls="--", label=f"read ceiling {read:.2f} TB/s")
-        ax.set_xscale("log", base=2)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("M (tokens)")
-        ax.set_ylabel("weight bytes / time (TB/s)")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+        panels.append(Panel(name, [r["M"] for r in sel], "weight bytes / time (TB/s)", xlabel="M (tokens)", logx=True,
+                            ceiling=(read, f"read ceiling {read:.2f} TB/s"),
+                            lines=[Series(label, [r["bytes"] / (r[key] * 1e-6) / 1e12 for r in sel])
+                                   for key, label in (("infera_us", "infera"), ("vllm_us", "vLLM fused_experts"),
+                                                      ("floor_two_launch_us", "traffic floor, 2 launches"))]))
+    figure(path, [panels])
 
 
 if __name__ == "__main__":

@@ -29,8 +29,19 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import arguments, copy_ceiling_tb_s, describe_machine, results_dir, write_json  # noqa: E402
-from tune_norm import graph_us, tensor_sets  # noqa: E402
+from _results import (  # noqa: E402
+    Column,
+    Panel,
+    Series,
+    arguments,
+    copy_ceiling_tb_s,
+    describe_machine,
+    figure,
+    results_dir,
+    table,
+    write_json,
+)
+from tune_norm import cycle_us, tensor_sets  # noqa: E402
 
 HS = (576, 2048, 4096, 7168, 8192)
 MS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 16384)
@@ -91,8 +102,8 @@ def main() -> int:
                     x, other, w = sets["warm"][0]
                     ms = do_bench(lambda: fn(x, other, w), return_mode="median")
                     row[f"{name}_us"] = ms * 1e3
-                    row[f"{name}_graph_us"] = graph_us(fn, sets["warm"])
-                    row[f"{name}_cold_us"] = graph_us(fn, sets["cold"])
+                    row[f"{name}_graph_us"] = cycle_us(fn, sets["warm"])
+                    row[f"{name}_cold_us"] = cycle_us(fn, sets["cold"])
                     row[f"{name}_cold_pct_copy"] = nbytes / (row[f"{name}_cold_us"] * 1e-6) / 1e12 / ceiling * 100
                 for mode in ("", "_graph", "_cold"):
                     row[f"speedup{mode}_vs_vllm_c"] = row[f"vllm_c{mode}_us"] / row[f"infera{mode}_us"]
@@ -110,42 +121,46 @@ def main() -> int:
     out_dir = args.out or results_dir(machine)
     path = write_json(out_dir, "bench_norm", {"benchmark": "bench_norm", "machine": machine,
                                               "copy_ceiling_tb_s": ceiling, "rows": rows})
+    print_table(rows, ceiling)
     plot(rows, ceiling, path.replace(".json", ".png"))
     print(f"copy ceiling {ceiling:.2f} TB/s; wrote {path}")
     return 0
 
 
+def print_table(rows: list, ceiling: float) -> None:
+    print()
+    columns = [Column("op", "op", align="<"), Column("H", "H"), Column("M", "M")]
+    for mode, what in (("cold", "cold"), ("graph", "warm")):
+        columns += [Column(f"{n} {what} us", f"{n}_{mode}_us", ".2f") for n in ("infera", "vllm_c", "native_compiled")]
+        columns.append(Column(f"x {what}", f"speedup_{mode}_vs_vllm_c", ".2f"))
+    columns += [Column("infera%copy", "infera_cold_pct_copy", ".1f"),
+                Column("vllm_c%copy", "vllm_c_cold_pct_copy", ".1f"), Column("x eager", "speedup_vs_vllm_c", ".2f")]
+    print(table(rows, columns, f"copy ceiling {ceiling:.2f} TB/s; cold = CUDA-graph replays from HBM, warm = the "
+                               f"same tensors (L2); x = vllm_c us / infera us"))
+
+
 def plot(rows, ceiling, path):
     """Achieved bandwidth from HBM (cold graph replays) vs M, per op and hidden size, with the copy ceiling;
-    vllm_c's warm (L2) figure dotted, for the decode picture."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops_run = sorted({r["op"] for r in rows}, reverse=True)
-    fig, axes = plt.subplots(len(ops_run), len(HS), figsize=(4 * len(HS), 3.5 * len(ops_run)), sharey=True,
-                             squeeze=False)
-    for i, op in enumerate(ops_run):
-        for j, H in enumerate(HS):
-            ax = axes[i][j]
+    the warm (L2) figures dotted, for the decode picture."""
+    grid = []
+    for op in sorted({r["op"] for r in rows}, reverse=True):
+        panels = []
+        for H in HS:
             sel = [r for r in rows if r["op"] == op and r["H"] == H]
-            ms = [r["M"] for r in sel]
-            for name, style in (("infera", "o-"), ("vllm_c", "s-"), ("native_compiled", "^-")):
-                ax.plot(ms, [r["bytes"] / (r[f"{name}_cold_us"] * 1e-6) / 1e12 for r in sel], style,
-                        label=f"{name} (HBM)")
-            for name, style in (("infera", "o:"), ("vllm_c", "s:")):
-                ax.plot(ms, [r["bytes"] / (r[f"{name}_graph_us"] * 1e-6) / 1e12 for r in sel], style, alpha=0.5,
-                        label=f"{name} (L2 warm)")
-            ax.axhline(ceiling, color="k", ls="--", label=f"copy ceiling {ceiling:.2f} TB/s")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{op} H={H}", fontsize=9)
-            ax.set_xlabel("M (tokens)")
-            if j == 0:
-                ax.set_ylabel("achieved TB/s (CUDA graph replay)")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+            if not sel:
+                continue
+
+            def tbs(key, sel=sel):
+                return [r["bytes"] / (r[key] * 1e-6) / 1e12 for r in sel]
+
+            panels.append(Panel(f"{op} H={H}", [r["M"] for r in sel], "achieved TB/s (CUDA graph replay)",
+                                xlabel="M (tokens)", logx=True, ceiling=(ceiling, f"copy ceiling {ceiling:.2f} TB/s"),
+                                lines=[Series(f"{n} (HBM)", tbs(f"{n}_cold_us"), style)
+                                       for n, style in (("infera", "o-"), ("vllm_c", "s-"), ("native_compiled", "^-"))]
+                                + [Series(f"{n} (L2 warm)", tbs(f"{n}_graph_us"), style, alpha=0.5)
+                                   for n, style in (("infera", "o:"), ("vllm_c", "s:"))]))
+        grid.append(panels)
+    figure(path, grid)
 
 
 if __name__ == "__main__":

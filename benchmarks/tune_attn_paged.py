@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _attn_paged_cases as shared  # noqa: E402
 import torch  # noqa: E402
-from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, describe_machine, fmt, ratio, results_dir, write_json  # noqa: E402
 from _search import descend  # noqa: E402
 
 PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
@@ -163,10 +163,10 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
         tflops = [c.flops / (u * 1e-6) / 1e12 for c, u in zip(cases, best["us"])]
         print(f"\nprefill head size {D} ({name}): best block_m={best['block_m']} block_n={best['block_n']} "
               f"warps={best['num_warps']} stages={best['num_stages']}: {best['geomean_us']:.1f} us geomean "
-              f"(default {shared.fmt(base['geomean_us'], '.1f')}); {len(seen)} launches, "
+              f"(default {fmt(base['geomean_us'], '.1f')}); {len(seen)} launches, "
               f"{sum(not c['ok'] for c in seen)} failed or wrong")
         for c, u, tf, d_us in zip(cases, best["us"], tflops, base["us"]):
-            print(f"  {c.label:<16} {shared.fmt(d_us, '9.1f')} -> {u:9.1f} us ({tf:5.0f} TFLOP/s)")
+            print(f"  {c.label:<16} {fmt(d_us, '9.1f')} -> {u:9.1f} us ({tf:5.0f} TFLOP/s)")
         section[str(D)] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
         measured[str(D)] = {"config": name, "cases": [c.label for c in cases], "tflops": tflops, "default": base,
                             "best": best, "candidates": seen}
@@ -282,8 +282,8 @@ def main() -> int:
         print(f"  {'row':<28} {'default us':>10} {'best us':>9} {'FA3 us':>8} {'x FA3':>6}")
         for i, label in enumerate(labels):
             d_us = base["us"][i] if base else None
-            print(f"  {label:<28} {shared.fmt(d_us, '10.1f'):>10} {best['us'][i]:9.1f} "
-                  f"{shared.fmt(fa3[i], '8.1f'):>8} {shared.fmt(shared.ratio(fa3[i], best['us'][i]), '6.2f'):>6}")
+            print(f"  {label:<28} {fmt(d_us, '10.1f'):>10} {best['us'][i]:9.1f} "
+                  f"{fmt(fa3[i], '8.1f'):>8} {fmt(ratio(fa3[i], best['us'][i]), '6.2f'):>6}")
         table[str(D)] = table_entry(cfg, pol, pdl)
         doc["head_sizes"][str(D)] = {"rows": labels, "fa3_us": fa3, "default": base, "best": best,
                                      "candidates": list(seen.values())}

@@ -27,40 +27,19 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import arguments, describe_machine, results_dir, write_json  # noqa: E402
+from _results import arguments, describe_machine, graph_us, results_dir, write_json  # noqa: E402
 
 HS = (576, 2048, 4096, 7168, 8192)
 MS = (16, 256, 1024, 4096, 16384)
 EPS = 1e-6
 L2_BYTES = 50 * 2**20  # H100/H200; the cold mode cycles over >= 4x this
+REP_MS = 10
 
 
-def graph_us(call, sets, replays: int = 8) -> float:
-    """Microseconds per call, replaying a CUDA graph of calls cycling over ``sets`` (24 calls at least)."""
-    calls_per_graph = max(24, len(sets))
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for s in sets[:2]:
-            call(*s)  # compile / autotune outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls_per_graph):
-            call(*sets[i % len(sets)])
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
-    del graph
-    return sorted(times)[len(times) // 2]
+def cycle_us(call, sets) -> float:
+    """µs per call of ``call(*s)`` for each of ``sets`` in turn, from CUDA-graph replays (_results.graph_us;
+    REP_MS each: the sweep makes thousands of these)."""
+    return graph_us([lambda s=s: call(*s) for s in sets], REP_MS)
 
 
 def tensor_sets(op: str, M: int, H: int, cold: bool):
@@ -155,7 +134,7 @@ def sweep(num_sms: int):
                 else:
                     def vllm_call(x, y, w):
                         vllm_ops.rms_norm(y, x, w, EPS)
-                base = {mode: graph_us(vllm_call, s) for mode, s in sets.items()}
+                base = {mode: cycle_us(vllm_call, s) for mode, s in sets.items()}
                 results = []
                 for cfg in candidates(M, H, num_sms):
                     if fused:
@@ -164,7 +143,7 @@ def sweep(num_sms: int):
                     else:
                         def call(x, y, w, cfg=cfg):
                             launch._launch(x, None, None, w, y, EPS, config=cfg)
-                    t = {mode: graph_us(call, s) for mode, s in sets.items()}
+                    t = {mode: cycle_us(call, s) for mode, s in sets.items()}
                     results.append((cfg, t))
                 current = launch_config(M, H, fused, num_sms)
 
