@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +37,7 @@ SMOLLM2 = "/tmp/models/smollm2-135m"
 ATTN_TUNING = "/tmp/attn_paged_tuning.json"
 MOE_TUNING = "/tmp/sm90.json"
 LINEAR_TUNING = "/tmp/sm90_linear.json"
+INTERRUPT_GRACE_S = 20  # a command past its limit gets SIGINT, then SIGKILL this much later
 VLLM_NOISE = r"^(\(.*\) )?(INFO|WARNING|DEBUG)|Capturing|it/s\]|s/it\]|socket\.cpp"
 
 
@@ -73,7 +75,8 @@ class Runner:
             env: dict | None = None, tail: int | None = None, background: bool = False, header: str = ""):
         """Run ``cmd`` from the checkout's root; its output to ``out/log`` (whole, after ``header``) and the
         console (lines not matching ``hide``; the last ``tail`` of them if set). Recorded as failed on a
-        non-zero exit or a timeout. ``background``: returns the thread, joined by :meth:`wait`."""
+        non-zero exit or a timeout; past ``timeout`` it is interrupted (SIGINT: pytest still prints which tests
+        failed and why) and killed INTERRUPT_GRACE_S later. ``background``: returns the thread, joined by :meth:`wait`."""
         shown = " ".join(shlex.quote(c) for c in cmd)
         print(f"+ {shown}" + (f"  > {log}" if log else "") + (f"  (limit {timeout:.0f} s)" if timeout else ""),
               flush=True)
@@ -96,11 +99,14 @@ class Runner:
                                 stderr=subprocess.STDOUT, text=True, errors="replace")
         killed = []
 
-        def kill():
+        def interrupt():  # pytest prints its failures and a script its traceback on SIGINT: keep them in the log
             killed.append(True)
-            proc.kill()
+            proc.send_signal(signal.SIGINT)
+            last = threading.Timer(INTERRUPT_GRACE_S, proc.kill)
+            last.daemon = True
+            last.start()
 
-        timer = threading.Timer(timeout, kill) if timeout else None
+        timer = threading.Timer(timeout, interrupt) if timeout else None
         if timer:
             timer.start()
         for line in proc.stdout:

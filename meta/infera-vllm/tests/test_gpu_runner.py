@@ -57,6 +57,19 @@ def test_runner_logs_hides_fails_and_stops_at_the_limit(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[-2:] == ["8", "9"]
 
 
+def test_a_command_past_its_limit_is_interrupted_first_so_its_summary_is_kept(tmp_path, monkeypatch):
+    summary = ("import time\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n"
+               "    print('FAILED test_x - the reason', flush=True)\n    raise SystemExit(2)")
+    r = run.Runner(tmp_path, dry_run=False)
+    r.run([sys.executable, "-c", summary], log="a.txt", timeout=1)
+    assert "FAILED test_x - the reason" in (tmp_path / "a.txt").read_text()
+    assert r.failed[-1].endswith("past its 1 s limit")
+    monkeypatch.setattr(run, "INTERRUPT_GRACE_S", 1)
+    stubborn = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(30)"
+    r.run([sys.executable, "-c", stubborn], timeout=1)  # one that ignores the interrupt is killed after the grace
+    assert len(r.failed) == 2
+
+
 def test_a_failed_command_fails_the_step_after_the_rest_ran(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run.Runner, "setup", lambda self: self.env.update(INFERA_COMMIT="abc"))
     monkeypatch.setattr(run, "py", lambda script, *a: [sys.executable, "-c", "raise SystemExit(1)"]
