@@ -76,7 +76,8 @@ class Runner:
         """Run ``cmd`` from the checkout's root; its output to ``out/log`` (whole, after ``header``) and the
         console (lines not matching ``hide``; the last ``tail`` of them if set). Recorded as failed on a
         non-zero exit or a timeout; past ``timeout`` it is interrupted (SIGINT: pytest still prints which tests
-        failed and why) and killed INTERRUPT_GRACE_S later. ``background``: returns the thread, joined by :meth:`wait`."""
+        failed and why) and killed INTERRUPT_GRACE_S later. ``background``: returns the thread, joined by
+        :meth:`wait`."""
         shown = " ".join(shlex.quote(c) for c in cmd)
         print(f"+ {shown}" + (f"  > {log}" if log else "") + (f"  (limit {timeout:.0f} s)" if timeout else ""),
               flush=True)
