@@ -413,6 +413,13 @@ def test_presets_are_the_end_to_end_benchmarks():
         longest = max(validate.prompt_len(opts, b) for b in opts["batches"])
         for m in preset["models"]:
             assert m["config"]["max_position_embeddings"] >= longest + opts["decode_tokens"] + 1 + 16, (name, m)
+        sizes = opts.get("llm_kwargs", {}).get("compilation_config", {}).get("cudagraph_capture_sizes")
+        if sizes:  # graphs at the batch sizes only: no prefill may be short enough for one of vLLM's graphs
+            assert sizes == sorted(opts["batches"]), name
+            vllm_largest = min(2 * max(opts["batches"]), 512)  # VllmConfig._set_cudagraph_sizes' default
+            for b in opts["batches"]:
+                tokens = b * validate.prompt_len(opts, b)
+                assert tokens > vllm_largest and tokens % 2048 == 0, (name, b, tokens)
     h200 = attn.PRESETS["h200"]
     preset = json.loads(Path(validate.preset_path("attn-paged-h200")).read_text())
     assert [(b, validate.prompt_len(preset["options"], b)) for b in preset["options"]["batches"]] == list(h200["rows"])
