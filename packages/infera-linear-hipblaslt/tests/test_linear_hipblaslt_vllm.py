@@ -34,8 +34,9 @@ model.save_pretrained(sys.argv[1])
 """
 
 RUN = r"""
-import json, sys
+import json, os, sys, time
 from vllm import LLM, SamplingParams
+from infera_vllm.coverage import FLUSH_EVERY_S
 
 def main():
     llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, enforce_eager=sys.argv[2] == "eager", dtype="bfloat16",
@@ -49,6 +50,8 @@ def main():
            "steps": [[(t, lp[t].logprob) for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)]
                      for o in outs]}
     print("RESULT" + json.dumps(res))
+    if os.environ.get("INFERA_VLLM_REPORT_DIR"):  # the engine core rewrites its report while its counts change;
+        time.sleep(FLUSH_EVERY_S + 2)  # vLLM may kill it at shutdown, so the last steps' counts are written first
 
 if __name__ == "__main__":
     main()
