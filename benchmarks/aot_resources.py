@@ -36,6 +36,7 @@ def compile_test_module(op: str):
         raise SystemExit(f"no single compile test for {op!r} under packages/infera-{op}/tests (found {found})")
     spec = importlib.util.spec_from_file_location(f"_aot_cases_{op.replace('-', '_')}", found[0])
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module, os.path.relpath(found[0], ROOT)
 

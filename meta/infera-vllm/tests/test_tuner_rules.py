@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 try:
     spec = importlib.util.spec_from_file_location("tune_moe_decode", ROOT / "benchmarks" / "tune_moe_decode.py")
     tune = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = tune  # dataclasses look their module up there
     spec.loader.exec_module(tune)
 finally:
     sys.path.remove(str(ROOT / "benchmarks"))

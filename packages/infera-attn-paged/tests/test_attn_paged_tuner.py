@@ -15,6 +15,7 @@ if not (ROOT / "benchmarks" / "tune_attn_paged.py").is_file():
 sys.path.insert(0, str(ROOT / "benchmarks"))
 spec = importlib.util.spec_from_file_location("tune_attn_paged", ROOT / "benchmarks" / "tune_attn_paged.py")
 tune = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = tune  # dataclasses look their module up there
 spec.loader.exec_module(tune)
 
 from infera_ops.attn_paged import launch, policy  # noqa: E402
