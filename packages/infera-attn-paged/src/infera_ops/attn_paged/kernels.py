@@ -387,9 +387,7 @@ def _paged_prefill_kernel(
     FP32_DOT: tl.constexpr,
     UNMASKED_TILES: tl.constexpr,  # the tiles every row sees whole in their own loop, without the causal mask
 ):
-    # q-blocks in reverse: the GPU starts programs in launch order, so each KV head's longest causal rows (the
-    # last q-blocks of the last request) start first and the launch ends on short ones, not on a tail of long ones
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid = tl.program_id(0)
     h = tl.program_id(1)
     r = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + r)
