@@ -27,8 +27,8 @@ HEADS = {  # name: (Hq, Hkv, D)
 }
 SINKS_CONFIG = "gpt-oss-20b"  # also timed with attention sinks ("gpt-oss-20b+sinks")
 SWEEP_CONFIGS = ("llama3-8b", "smollm2")
-# (B, ctx); batch 1 at 16k is the end-to-end benchmark's batch-1 row (e2e_attn_paged.py), where a decode step's
-# attention is a long single-sequence read
+# (B, ctx); batch 1 at 16k is the end-to-end preset's batch-1 row (`validate --preset attn-paged-h200`), where a
+# decode step's attention is a long single-sequence read
 ROWS = ((1, 8192), (1, 16384), (16, 8192), (64, 4096), (256, 1024), (8, 32768))
 BLOCK_SIZE = 16
 TOL = 2e-2  # max abs error vs the fp32 reference (bf16)

@@ -203,13 +203,12 @@ def step_attn(r: Runner, a) -> None:
 
 
 def step_attn_e2e(r: Runner, a) -> None:
-    """FLASH_ATTN vs CUSTOM end to end (benchmarks/e2e_attn_paged.py, dummy-weight models, alternating
-    rounds); --smollm2 adds SmolLM2's real-weight agreement (`validate --preset smollm2`: off, off2,
-    TRITON_ATTN, attn-paged)."""
+    """FLASH_ATTN vs CUSTOM end to end: `infera-vllm validate --preset attn-paged-h200` (dummy-weight
+    Llama-3-8B, Qwen3-8B and gpt-oss-20b shapes; results accumulate in attn-paged-h200.json, a model per call);
+    --smollm2 adds SmolLM2's real-weight agreement (`validate --preset smollm2`: off, off2, TRITON_ATTN,
+    attn-paged)."""
     r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
-    r.run(py("benchmarks/e2e_attn_paged.py", "--preset", "h200", "--rounds", a.rounds,
-             *(["--models", a.models] if a.models else []), "--out", r.out), log="e2e_attn_paged.log",
-          timeout=a.timeout)
+    validate_preset(r, "attn-paged-h200", a.models, None, a.budget_s)
     if a.smollm2:
         validate_preset(r, "smollm2", None, None, 300, ["--runs", "off2,off-triton,attn-paged", "--rounds", "1"],
                         log="validate_smollm2.txt", env={"INFERA_SMOLLM2_DIR": SMOLLM2})
@@ -424,8 +423,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tests-budget-s", type=float, default=170)
     s = step("attn-e2e")
     s.add_argument("--models", help="e.g. qwen3-8b (one model fits a call)")
-    s.add_argument("--rounds", type=int, default=2)
-    s.add_argument("--timeout", type=float, default=560)
+    s.add_argument("--budget-s", type=float, default=540)
     s.add_argument("--smollm2", action="store_true", help="also SmolLM2's agreement run")
     s = step("moe")
     switch(s, "tune", False, "the tuning sweep first")

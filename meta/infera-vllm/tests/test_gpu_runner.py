@@ -17,7 +17,8 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "tests": ([], "-m 'not cpu_build' meta/infera-vllm/tests"),
     "attn": (["--tests", "--tune-args=--passes 3,5"], "tune_attn_paged.py --budget-s 180 --prefill-budget-s 100"
                                                       " --out . --passes 3,5"),
-    "attn-e2e": (["--models", "qwen3-8b"], "e2e_attn_paged.py --preset h200 --rounds 2 --models qwen3-8b"),
+    "attn-e2e": (["--models", "qwen3-8b"], "validate --preset attn-paged-h200 --models qwen3-8b --out "
+                                           "benchmarks/results/h200/validation/attn-paged-h200.json"),
     "moe": (["--tune", "--tune-args=--forms split", "--tests"], "tune_moe_decode.py --out"),
     "norm": (["--tune"], "tune_norm.py"),
     "norm-numerics": ([], "validate --preset norm-smollm2-h200"),
