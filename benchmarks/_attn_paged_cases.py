@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-from _results import graph_us  # noqa: E402
+from _results import L2_BYTES, graph_us  # noqa: E402
 
 HEADS = {  # name: (Hq, Hkv, D)
     "llama3-8b": (32, 8, 128),
@@ -45,7 +45,6 @@ FA3_MAX_NUM_SPLITS = 32  # config/attention.py: flash_attn_max_num_splits_for_cu
 MIN_LAUNCH_GRID_SIZE_2D = 128  # v1/attention/backends/triton_attn.py
 NUM_PAR_SOFTMAX_SEGMENTS = 16  # v1/attention/backends/triton_attn.py
 
-L2_BYTES = 50 * 2**20  # H100/H200 (as tune_norm.py); the cold mode cycles over >= 4x this
 MAX_KV_COPIES = 64
 REP_MS = 20
 # the launch sweep's grid (bench_attn_paged.py --sweep, tune_attn_paged.py)

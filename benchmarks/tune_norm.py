@@ -27,12 +27,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from _results import arguments, describe_machine, graph_us, results_dir, write_json  # noqa: E402
+from _results import L2_BYTES, arguments, describe_machine, graph_us, results_dir, write_json  # noqa: E402
 
 HS = (576, 2048, 4096, 7168, 8192)
 MS = (16, 256, 1024, 4096, 16384)
 EPS = 1e-6
-L2_BYTES = 50 * 2**20  # H100/H200; the cold mode cycles over >= 4x this
 REP_MS = 10
 
 
