@@ -107,10 +107,11 @@ from _results import (  # noqa: E402
 from bench_attn_paged_prefill import run_prefill  # noqa: E402
 
 
-def bench_row(launch, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool) -> dict:
+def bench_row(launch, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool,
+              pdl: bool | None = None) -> dict:
     ref = reference_out(reference, case, sinks)
     factories = {
-        "ours": lambda: make_ours(launch, case, sinks),
+        "ours": lambda: make_ours(launch, case, sinks, pdl=pdl),
         "fa3": (lambda: make_fa3(case, sinks)) if fa3_ok else None,
         "triton": lambda: make_triton(case, sinks),
     }
@@ -133,7 +134,7 @@ def bench_row(launch, reference, case: Case, sinks, label: str, ceiling: float, 
     row["speedup_vs_fa3"] = ratio(row["fa3_us"], row["ours_us"])
     row["ours_pct_stream_floor"] = None if row["ours_us"] is None else row["stream_floor_us"] / row["ours_us"] * 100
     if row["ours_ok"]:  # each of our kernels' GPU time per call (the decode kernel, the reduce where it runs)
-        impl = make_ours(launch, case, sinks)
+        impl = make_ours(launch, case, sinks, pdl=pdl)
         row["ours_kernels_us"] = kernel_times_us(lambda: [impl.run(i) for i in range(copies)], calls=copies)
     row["speedup_vs_triton"] = ratio(row["triton_us"], row["ours_us"])
     row["ours_splits"] = row["ours_info"].get("splits")
@@ -304,7 +305,12 @@ def main() -> int:
     parser.add_argument("--sweep-budget-s", type=float, default=180.0)
     parser.add_argument("--no-prefill", action="store_true", help="the decode table only")
     parser.add_argument("--traceback", action="store_true", help="print a failed call's traceback")
+    parser.add_argument("--batches", type=lambda v: {int(b) for b in v.split(",")},
+                        help="only the decode rows of these batch sizes, e.g. 1 or 1,16")
+    parser.add_argument("--pdl", choices=("tuned", "on", "off"), default="tuned",
+                        help="our reduce as a programmatic dependent launch: as the tuning file says, or forced")
     args = parser.parse_args()
+    pdl = {"tuned": None, "on": True, "off": False}[args.pdl]
     _attn_paged_cases.TRACEBACK = args.traceback
     if not torch.cuda.is_available():
         print("bench_attn_paged: needs a CUDA GPU (none found). Its CPU check: "
@@ -330,21 +336,24 @@ def main() -> int:
                         "timing": "triton.testing.do_bench_cudagraph, median",
                         "fa3_num_splits": FA3_MAX_NUM_SPLITS,
                         "triton_seq_threshold_3D": "128 // Hkv (not snapped to a capture size)",
-                        "triton_num_par_softmax_segments": NUM_PAR_SOFTMAX_SEGMENTS},
+                        "triton_num_par_softmax_segments": NUM_PAR_SOFTMAX_SEGMENTS,
+                        "pdl": args.pdl, "batches": sorted(args.batches) if args.batches else "all"},
            "rows": []}
     path = None
     torch.manual_seed(0)
     for name, (Hq, Hkv, D) in HEADS.items():
         for B, ctx in ROWS:
+            if args.batches and B not in args.batches:
+                continue
             copies = kv_copies_for(B, ctx, Hkv, D, cold)
             case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
             check_layout(case)
-            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok)
+            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok, pdl)
             doc["rows"].append(row)
             print_row(row)
             if name == SINKS_CONFIG:
                 sinks = make_sinks(Hq, ctx, device)
-                row = bench_row(launch, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok)
+                row = bench_row(launch, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok, pdl)
                 row["sinks_values"] = sinks.tolist()
                 doc["rows"].append(row)
                 print_row(row)

@@ -120,3 +120,18 @@ def test_reduce_waits_for_the_main_kernel_only_under_pdl(pdl):
     compiled = aot.compile_kernel(_paged_decode_reduce_kernel, "sm90", pointers=POINTERS, constexprs=consts)
     # the programmatic-dependent-launch wait is in the code where asked for, and only there
     assert ("griddepcontrol.wait" in compiled.asm["ptx"]) == pdl
+
+
+@pytest.mark.skipif("sm90" not in aot.selected_families(), reason="programmatic dependent launch is sm90's")
+@pytest.mark.parametrize("pdl", [True, False])
+def test_main_kernel_releases_the_reduce_before_its_first_load_only_under_pdl(pdl):
+    cfg = decode_config("sm90", 128)
+    consts = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=pdl,
+                  MERGE=False, BLOCK_S=launch.REDUCE_BLOCK_S, **_features(False))
+    compiled = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=POINTERS, constexprs=consts, floats=FLOATS,
+                                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ptx = compiled.asm["ptx"]
+    # the release comes first, so the reduce grid is resident while this one streams; no release without PDL
+    assert ("griddepcontrol.launch_dependents" in ptx) == pdl
+    if pdl:
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("ld.global")

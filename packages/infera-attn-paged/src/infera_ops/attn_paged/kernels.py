@@ -33,8 +33,9 @@ S_b > 1 each program writes its normalised partial output and log2-sum-exp in fp
 ``_paged_decode_reduce_kernel`` (grid = (B, Hq)) merges the S_b slices, BLOCK_S at a time with a running
 maximum, adding the sink to the denominator; it recomputes S_b from the same length, so no per-sequence
 count is stored. With ``USE_PDL`` the reduce is
-launched as a programmatic dependent of the main kernel (Hopper and later): its programs start while the
-main kernel drains and wait (``gdc_wait``) until its writes are visible, which hides one launch latency.
+launched as a programmatic dependent of the main kernel (Hopper and later), released by every main program
+as it starts: its programs are resident by the time the main kernel drains and wait (``gdc_wait``) until
+that grid has completed and its writes are visible, which hides the reduce's launch latency.
 
 With ``MERGE`` there is no reduce launch: each program of a sequence with S_b > 1 writes its partial, then
 counts itself in at its (sequence, KV head)'s counter (release); the program that counts last (acquire)
@@ -173,12 +174,15 @@ def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D
         rescale = tl.exp2(big - use)
         w = tl.exp2(lse - use)
         live = lse > float("-inf")
+        # masked by the slice count only, not by ``live``, so this load is issued beside the lse load instead of
+        # after it; the rows of slices that saw no key (never written) are dropped by the select below
         o_ptrs = part_out_ptr + (row * S + sl)[:, None] * D + d[None, :]
-        o_mask = live[:, None] & (d < D)[None, :]
+        o_mask = (sl < n_slices)[:, None] & (d < D)[None, :]
         if FROM_L2:
             o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
         else:
             o = tl.load(o_ptrs, mask=o_mask, other=0.0)
+        o = tl.where(live[:, None], o, 0.0)
         acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
         denom = denom * rescale + tl.sum(w, axis=0)
         big = new
@@ -230,10 +234,14 @@ def _paged_decode_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
-    USE_PDL: tl.constexpr,  # let the reduce kernel launch early (programmatic dependent launch)
+    USE_PDL: tl.constexpr,  # release the reduce kernel (a programmatic dependent launch) as each program starts
     MERGE: tl.constexpr,  # SPLIT only: the last slice of each (sequence, KV head) merges them; no reduce launch
     BLOCK_S: tl.constexpr,  # slices merged per step when MERGE (as the reduce kernel's)
 ):
+    if USE_PDL:
+        # at once: the reduce grid is launched while this one runs (its programs are placed as SMs free up after
+        # this grid's last programs have started) and waits in gdc_wait for this grid's completion and writes
+        gdc_launch_dependents()
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -296,8 +304,6 @@ def _paged_decode_kernel(
         o = acc / tl.where(l > 0, l, 1.0)[:, None]  # a sequence with no keys (padding) gets zeros
         tl.store(out_ptr + b * out_seq_stride + heads[:, None] * out_head_stride + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
-    if USE_PDL:
-        gdc_launch_dependents()
 
 
 @triton.jit
