@@ -1,6 +1,6 @@
 """Skinny-M linear: infera-linear-hipblaslt's Triton kernel vs torch's ``F.linear`` (vLLM's CUDA GEMM), bf16.
 
-The issue's shapes (Llama-3-8B-like qkv 6144x4096, gate-up 28672x4096, down 4096x14336) at decode and
+Llama-3-8B shapes ( qkv 6144x4096, gate-up 28672x4096, down 4096x14336) at decode and
 prefill token counts; for each, the best of a small block grid (or the tuning table's choice where the
 shape is tuned), all timed from CUDA-graph replays. Beside them the library's other routes that torch
 reaches: cuBLASLt instead of cuBLAS (``torch.backends.cuda.preferred_blas_library``) and TunableOp's
@@ -37,7 +37,7 @@ from _results import (  # noqa: E402
 
 SHAPES = ((6144, 4096), (28672, 4096), (4096, 14336))  # (N, K)
 GRID = {"block_n": (16, 32, 64), "block_k": (256,), "split_k": (1, 2), "num_stages": (3, 4)}
-PEAK_TFLOPS = 790.0  # H200 dense bf16, the issue's floor
+PEAK_TFLOPS = 790.0  # H200 dense bf16 peak: the matrix-rate floor
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The GPU machine's runner: one command per step, each sized for one 10-minute device call.
 
-On the GPU machine, after ../shared/gpu/README.md's staging (vLLM 0.26.0 in /tmp/site; with SmolLM2 for the
+On the GPU machine, after vLLM 0.26.0 is staged (into /tmp/site, by the lent machine's staging kit; with SmolLM2 for the
 steps that use it) and with ``dist/`` carried (wheels and ``dist/COMMIT``, built by ``nox -s wheels``)::
 
     python3 benchmarks/gpu/run.py STEP [options]      # python3 benchmarks/gpu/run.py --help lists the steps
@@ -56,7 +56,7 @@ class Runner:
         if self.dry_run:
             return
         if not (SITE / "vllm").is_dir():
-            sys.exit(f"run.py: no staged vLLM in {SITE} (run ../shared/gpu/README.md's staging on this machine first)")
+            sys.exit(f"run.py: no staged vLLM in {SITE} (stage vLLM 0.26.0 into it on this machine first)")
         wheels = sorted(str(p) for p in (ROOT / "dist").glob("*.whl"))
         if not wheels:
             sys.exit("run.py: no wheels in dist/ (build them with 'nox -s wheels' and carry dist)")

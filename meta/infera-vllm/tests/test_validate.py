@@ -418,7 +418,7 @@ def test_presets_are_the_end_to_end_benchmarks():
                 assert tokens > vllm_largest and tokens % 2048 == 0, (name, b, tokens)
     preset = json.loads(Path(validate.preset_path("attn-paged-h200")).read_text())
     assert [(b, validate.prompt_len(preset["options"], b)) for b in preset["options"]["batches"]] == [
-        (1, 16384), (16, 8192), (64, 2048), (256, 512)]  # the rows: long prompts at small batches
+        (1, 16384), (16, 8192), (64, 2048), (256, 512)]  # long prompts at small batches
     matrix = {m["name"]: m for m in json.loads((ROOT / "benchmarks" / "validation" / "matrix.json").read_text())[
         "models"]}
     shrink = {"gpt-oss-20b": {"num_local_experts": 8}}  # 8 of its 32 experts: attention is what is measured

@@ -84,7 +84,7 @@ def test_cli_runs_the_ops_tuner(tmp_path):
     assert "N=512    K=256" in run.stdout and "x1 layers" in run.stdout  # qkv: (4 + 2·2) heads x 64
     short = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear", "--model", str(tmp_path),
                             "--dry-run"], capture_output=True, text=True)
-    assert short.returncode == 0 and short.stdout == run.stdout, short.stderr  # the issue's `tune linear`
+    assert short.returncode == 0 and short.stdout == run.stdout, short.stderr  # the short `tune linear` form
     nomodel = subprocess.run([sys.executable, "-m", "infera_vllm", "tune", "linear-hipblaslt", "--model",
                               str(tmp_path / "x")], capture_output=True, text=True)
     assert nomodel.returncode == 2 and "no config.json" in nomodel.stderr
