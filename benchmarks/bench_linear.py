@@ -1,6 +1,6 @@
 """Skinny-M linear: infera-linear-hipblaslt's Triton kernel vs torch's ``F.linear`` (vLLM's CUDA GEMM), bf16.
 
-Llama-3-8B shapes ( qkv 6144x4096, gate-up 28672x4096, down 4096x14336) at decode and
+Llama-3-8B shapes (qkv 6144x4096, gate-up 28672x4096, down 4096x14336) at decode and
 prefill token counts; for each, the best of a small block grid (or the tuning table's choice where the
 shape is tuned), all timed from CUDA-graph replays. Beside them the library's other routes that torch
 reaches: cuBLASLt instead of cuBLAS (``torch.backends.cuda.preferred_blas_library``) and TunableOp's
