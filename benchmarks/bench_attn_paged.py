@@ -31,7 +31,10 @@ of our kernels' GPU time per call (torch.profiler, eager calls: the decode kerne
 
 Options: ``--out`` results folder (default results/<gpu>/); ``--sweep`` adds a sweep of our launch configs
 and split counts (for llama3-8b and smollm2 heads; ``--sweep-budget-s`` bounds its time); ``--l2 warm``;
-``--no-prefill``; ``--traceback`` prints a failed call's traceback. On the CPU,
+``--no-prefill``; ``--traceback`` prints a failed call's traceback; ``--batches`` and ``--rows B:ctx,...`` pick
+the decode rows (other lengths than the table's: ``--rows 16:320,64:320``); ``--pdl on|off`` and
+``--merge-max-slices N`` force our reduce's programmatic dependent launch and the slice cap up to which the
+main kernel merges the slices itself. On the CPU,
 ``meta/infera-vllm/tests/test_bench_attn_paged.py`` runs this benchmark's cases at tiny sizes under Triton's
 interpreter (builders, layout, references, our kernel, the FA3 and Triton arguments), without timing.
 
@@ -45,7 +48,7 @@ import itertools
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -108,10 +111,12 @@ from bench_attn_paged_prefill import run_prefill  # noqa: E402
 
 
 def bench_row(launch, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool,
-              pdl: bool | None = None) -> dict:
+              pdl: bool | None = None, merge_max_slices: int | None = None) -> dict:
     ref = reference_out(reference, case, sinks)
+    policy = None if merge_max_slices is None else replace(launch.decode_defaults(case.D, case.device)[1],
+                                                           merge_max_slices=merge_max_slices)
     factories = {
-        "ours": lambda: make_ours(launch, case, sinks, pdl=pdl),
+        "ours": lambda: make_ours(launch, case, sinks, pdl=pdl, policy=policy),
         "fa3": (lambda: make_fa3(case, sinks)) if fa3_ok else None,
         "triton": lambda: make_triton(case, sinks),
     }
@@ -307,8 +312,13 @@ def main() -> int:
     parser.add_argument("--traceback", action="store_true", help="print a failed call's traceback")
     parser.add_argument("--batches", type=lambda v: {int(b) for b in v.split(",")},
                         help="only the decode rows of these batch sizes, e.g. 1 or 1,16")
+    parser.add_argument("--rows", type=lambda v: tuple(tuple(int(x) for x in r.split(":")) for r in v.split(",")),
+                        default=ROWS, help="the decode rows as B:ctx pairs, e.g. 16:320,64:320 (default: the table's)")
     parser.add_argument("--pdl", choices=("tuned", "on", "off"), default="tuned",
                         help="our reduce as a programmatic dependent launch: as the tuning file says, or forced")
+    parser.add_argument("--merge-max-slices", type=int, default=None,
+                        help="merge the slices in the main kernel up to this slice cap (0: never) instead of as the "
+                             "tuning file says")
     args = parser.parse_args()
     pdl = {"tuned": None, "on": True, "off": False}[args.pdl]
     _attn_paged_cases.TRACEBACK = args.traceback
@@ -337,23 +347,25 @@ def main() -> int:
                         "fa3_num_splits": FA3_MAX_NUM_SPLITS,
                         "triton_seq_threshold_3D": "128 // Hkv (not snapped to a capture size)",
                         "triton_num_par_softmax_segments": NUM_PAR_SOFTMAX_SEGMENTS,
-                        "pdl": args.pdl, "batches": sorted(args.batches) if args.batches else "all"},
+                        "pdl": args.pdl, "batches": sorted(args.batches) if args.batches else "all",
+                        "rows": [list(r) for r in args.rows], "merge_max_slices": args.merge_max_slices},
            "rows": []}
     path = None
     torch.manual_seed(0)
     for name, (Hq, Hkv, D) in HEADS.items():
-        for B, ctx in ROWS:
+        for B, ctx in args.rows:
             if args.batches and B not in args.batches:
                 continue
             copies = kv_copies_for(B, ctx, Hkv, D, cold)
             case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
             check_layout(case)
-            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok, pdl)
+            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok, pdl, args.merge_max_slices)
             doc["rows"].append(row)
             print_row(row)
             if name == SINKS_CONFIG:
                 sinks = make_sinks(Hq, ctx, device)
-                row = bench_row(launch, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok, pdl)
+                row = bench_row(launch, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok, pdl,
+                                args.merge_max_slices)
                 row["sinks_values"] = sinks.tolist()
                 doc["rows"].append(row)
                 print_row(row)

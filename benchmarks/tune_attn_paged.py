@@ -7,8 +7,8 @@ the last:
 2. split policies (programs per SM x fewest keys per slice) at that launch config;
 3. slice caps above 64 (MAX_SPLITS_SWEEP x programs per SM enough to reach them at batch 1): more, shorter
    slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
-4. PDL off (where the GPU has it), and the slices merged in the main kernel (``merge_in_kernel``: no
-   reduce launch, so no PDL);
+4. PDL off (where the GPU has it), and the slices merged in the main kernel up to a slice cap
+   (``merge_max_slices`` in MERGE_MAX_SLICES_SWEEP: no reduce launch at those caps, so no PDL there);
 5. the launch config of the rows whose slice cap is 1 (launch.LaunchConfig.unsplit: large batches, one program
    per sequence and KV head, each walking a whole sequence), timed on those rows alone; from the same
    times, per query group (heads per KV head) the launch fastest on that group's rows where it differs
@@ -51,6 +51,7 @@ from _search import descend  # noqa: E402
 PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
 SPLIT_KEYS = (64, 128, 256, 512)
 MAX_SPLITS_SWEEP = (128, 256)
+MERGE_MAX_SLICES_SWEEP = (0, 4, 8, 16, 64)  # 0: the reduce kernel at every cap
 
 
 PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
@@ -255,7 +256,8 @@ def main() -> int:
                 for p in sorted({pol.programs_per_sm, 8, 16, 32})])
         if 4 in passes:
             cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else [])
-                                    + [(cfg, replace(pol, merge_in_kernel=not pol.merge_in_kernel), False)])
+                                    + [(cfg, replace(pol, merge_max_slices=m), pdl) for m in MERGE_MAX_SLICES_SWEEP
+                                       if m != pol.merge_max_slices])
         # 5. the launch of the rows whose slice cap is 1 under the chosen policy, timed on those rows alone (the
         # others never use it); then per query group (heads per KV head) the launch fastest on that group's rows
         # of the same measurements, where it is not the shared one; then the whole table with and without them

@@ -195,8 +195,8 @@ def step_attn(r: Runner, a) -> None:
         r.run(["cp", str(r.out / "attn_paged_sm90.json"), ATTN_TUNING])
     r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
     if a.bench:
-        r.run(py("benchmarks/bench_attn_paged.py", "--out", r.out, *(["--sweep"] if a.sweep else [])),
-              log="bench_attn_paged.log", timeout=a.bench_timeout)
+        r.run(py("benchmarks/bench_attn_paged.py", "--out", r.out, *(["--sweep"] if a.sweep else []),
+                 *shlex.split(a.bench_args)), log="bench_attn_paged.log", timeout=a.bench_timeout)
     if a.tests:
         a.packages, a.budget_s = ["infera-attn-paged"], a.tests_budget_s
         step_tests(r, a)
@@ -212,6 +212,15 @@ def step_attn_e2e(r: Runner, a) -> None:
     if a.smollm2:
         validate_preset(r, "smollm2", None, None, 300, ["--runs", "off2,off-triton,attn-paged", "--rounds", "1"],
                         log="validate_smollm2.txt", env={"INFERA_SMOLLM2_DIR": SMOLLM2})
+
+
+def step_step_probe(r: Runner, a) -> None:
+    """Where a short generation's wall time goes per attention backend (benchmarks/e2e_step_probe.py: prefill-only
+    and full generations timed, prefill-only ones profiled) on a matrix model's config with dummy weights."""
+    model = write_config(a.model, f"/tmp/models/{a.model}", r.dry_run)
+    r.run(py("benchmarks/e2e_step_probe.py", "--model", model, "--backends", a.backends, "--out", r.out,
+             "--timeout", a.timeout / max(1, len(a.backends.split(","))), *shlex.split(a.probe_args)),
+          log="e2e_step_probe.log", timeout=a.timeout + 30)
 
 
 def step_moe(r: Runner, a) -> None:
@@ -387,7 +396,7 @@ def write_config(name: str, directory: str, dry_run: bool = False, **overrides) 
 
 
 STEPS = {
-    "tests": step_tests, "attn": step_attn, "attn-e2e": step_attn_e2e, "moe": step_moe,
+    "tests": step_tests, "attn": step_attn, "attn-e2e": step_attn_e2e, "step-probe": step_step_probe, "moe": step_moe,
     "norm": step_norm, "norm-numerics": step_norm_numerics, "norm-e2e": step_norm_e2e, "linear": step_linear,
     "foundation": step_foundation, "self-check": step_self_check, "validate": step_validate,
     "parallel": step_parallel, "linear-norm-x2": step_linear_norm_x2, "aot-check": step_aot_check,
@@ -419,12 +428,19 @@ def parser() -> argparse.ArgumentParser:
     switch(s, "bench", True, "the decode and prefill tables")
     s.add_argument("--sweep", action="store_true", help="the benchmark's own per-row launch sweep")
     s.add_argument("--bench-timeout", type=float, default=120)
+    s.add_argument("--bench-args", default="", help="more bench_attn_paged.py arguments, e.g. '--no-prefill "
+                                                    "--rows 16:320,64:320 --merge-max-slices 8'")
     switch(s, "tests", False, "the package's GPU tests afterwards")
     s.add_argument("--tests-budget-s", type=float, default=170)
     s = step("attn-e2e")
     s.add_argument("--models", help="e.g. qwen3-8b (one model fits a call)")
     s.add_argument("--budget-s", type=float, default=540)
     s.add_argument("--smollm2", action="store_true", help="also SmolLM2's agreement run")
+    s = step("step-probe")
+    s.add_argument("--model", default="llama-3-8b", help="a model of benchmarks/validation/matrix.json")
+    s.add_argument("--backends", default="FLASH_ATTN,TRITON_ATTN,CUSTOM,CUSTOM-kernel")
+    s.add_argument("--timeout", type=float, default=520, help="for every backend together")
+    s.add_argument("--probe-args", default="", help="more e2e_step_probe.py arguments, e.g. '--batches 1'")
     s = step("moe")
     switch(s, "tune", False, "the tuning sweep first")
     s.add_argument("--tune-args", default="", help="more tune_moe_decode.py arguments")

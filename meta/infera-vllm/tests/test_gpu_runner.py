@@ -19,6 +19,8 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
                                                       " --out . --passes 3,5"),
     "attn-e2e": (["--models", "qwen3-8b"], "validate --preset attn-paged-h200 --models qwen3-8b --out "
                                            "benchmarks/results/h200/validation/attn-paged-h200.json"),
+    "step-probe": (["--backends", "FLASH_ATTN,CUSTOM"], "e2e_step_probe.py --model /tmp/models/llama-3-8b "
+                                                       "--backends FLASH_ATTN,CUSTOM"),
     "moe": (["--tune", "--tune-args=--forms split", "--tests"], "tune_moe_decode.py --out"),
     "norm": (["--tune"], "tune_norm.py"),
     "norm-numerics": ([], "validate --preset norm-smollm2-h200"),

@@ -87,9 +87,11 @@ def compile_cases(family: str) -> list[aot.Case]:
         cfg = decode_config(family, D)
         for split, merge in ((False, False), (True, False), (True, True)):
             c = cfg.for_slices(2 if split else 1, G)  # a slice cap of 1 takes the group's unsplit sizes where set
-            consts = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
+            gm = triton.next_power_of_2(G)
+            consts = dict(G=G, BLOCK_G=max(16, gm), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
                           BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda and not merge, MERGE=merge,
-                          BLOCK_S=launch.REDUCE_BLOCK_S, **_features(split))
+                          BLOCK_GM=gm, BLOCK_S=launch.merge_step(gm, BLOCK_D, launch.MAX_SPLITS),
+                          **_features(split))
             what = ("split, merged in the kernel" if merge else "split") if split else "one slice"
             case(_paged_decode_kernel, f"decode D={D} G={G} {what}",
                  _launch(c, BLOCK_N=c.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
@@ -127,7 +129,7 @@ def test_reduce_waits_for_the_main_kernel_only_under_pdl(pdl):
 def test_main_kernel_releases_the_reduce_before_its_first_load_only_under_pdl(pdl):
     cfg = decode_config("sm90", 128)
     consts = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=pdl,
-                  MERGE=False, BLOCK_S=launch.REDUCE_BLOCK_S, **_features(False))
+                  MERGE=False, BLOCK_GM=4, BLOCK_S=1, **_features(False))
     compiled = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=POINTERS, constexprs=consts, floats=FLOATS,
                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     ptx = compiled.asm["ptx"]

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+import triton
 
 from infera_ops.attn_paged import launch
 from infera_ops.attn_paged.reference import paged_decode_reference
@@ -123,15 +124,17 @@ def test_workspace_is_used_and_checked():
         launch.paged_decode(q, k, v, bt, lens, 0.1, torch.empty_like(q), num_splits=8, workspace=ws)
 
 
-MERGED = launch.SplitPolicy(split_keys=1, merge_in_kernel=True)
+MERGED = launch.SplitPolicy(split_keys=1, merge_max_slices=launch.MAX_SPLITS)
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,splits", [(9, 3, 64, 3), (8, 8, 128, 8), (4, 2, 256, 3), (9, 3, 64, 65)])
 def test_slices_merged_in_the_kernel(Hq, Hkv, D, splits):
-    """The last slice of each (sequence, KV head) merges them in the main kernel (no reduce launch): against
-    the fp32 reference with every feature on (65 slices: more than one merge step), the same output as the
-    reduce kernel's merge (the same sums in the same order; bit for bit under the interpreter), and the
-    counters back at zero after each of two calls (a CUDA graph replays the launch on the same counters)."""
+    """The last slice of each (sequence, KV head) merges them in the main kernel (no reduce launch), all G
+    heads at once: against the fp32 reference with every feature on (65 slices: more than one merge step),
+    the same output as the reduce kernel's merge (the same sums in the same order where both take the same
+    slices per step: bit for bit under the interpreter; else the same sums in other steps, within fp32
+    rounding), and the counters back at zero after each of two calls (a CUDA graph replays the launch on the
+    same counters)."""
     q, k, v, bt, lens = paged_case(4, Hq, Hkv, D, 16, [64 * splits - 3, 1, 130, 0])
     sinks = torch.randn(Hq, device=DEV) * 2
     ws = launch.Workspace(4 * splits, Hq, D, DEV, max_splits=splits)
@@ -140,7 +143,9 @@ def test_slices_merged_in_the_kernel(Hq, Hkv, D, splits):
         merged = check(q, k, v, bt, lens, policy=MERGED, **kw)
         assert (ws.count == 0).all(), "counters left non-zero"
     reduced = check(q, k, v, bt, lens, policy=EVERY_SLICE, **kw)
-    if DEV == "cpu":
+    same_steps = launch.merge_step(triton.next_power_of_2(Hq // Hkv), triton.next_power_of_2(D), splits) == min(
+        launch.REDUCE_BLOCK_S, triton.next_power_of_2(splits))
+    if DEV == "cpu" and same_steps:
         assert torch.equal(merged, reduced)
     else:
         torch.testing.assert_close(merged, reduced, atol=1e-3, rtol=1e-3)
@@ -155,6 +160,13 @@ def test_a_merged_launch_has_no_reduce_kernel(monkeypatch):
     check(q, k, v, bt, lens, num_splits=4, policy=MERGED)
     assert launched == []
     check(q, k, v, bt, lens, num_splits=4, policy=EVERY_SLICE)
+    assert launched == [(2, 8)]
+    # merged up to a slice cap: at a cap of 4 in the kernel, at 8 by the reduce kernel
+    up_to_4 = launch.SplitPolicy(split_keys=1, merge_max_slices=4)
+    launched.clear()
+    check(q, k, v, bt, lens, num_splits=4, policy=up_to_4)
+    assert launched == []
+    check(q, k, v, bt, lens, num_splits=8, policy=up_to_4)
     assert launched == [(2, 8)]
 
 

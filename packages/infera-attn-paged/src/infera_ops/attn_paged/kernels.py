@@ -39,11 +39,13 @@ that grid has completed and its writes are visible, which hides the reduce's lau
 
 With ``MERGE`` there is no reduce launch: each program of a sequence with S_b > 1 writes its partial, then
 counts itself in at its (sequence, KV head)'s counter (release); the program that counts last (acquire)
-merges the S_b partials of the G heads itself, exactly as the reduce kernel does (same order, same result
-whichever program is last), writes ``out`` and sets the counter back to zero for the next launch or
-CUDA-graph replay. A second dependent launch costs about 3 us on the H200 (a plain read of the same bytes
-in two launches against one, benchmarks/results/h200/moe-decode/bench_moe_decode_stream_floor.json); the
-merge costs the last program a serial read of its S_b x G partials from L2.
+merges the S_b partials of its G heads itself (``_merge_group``: the reduce kernel's sums for the G heads at
+once, [G, BLOCK_S, D] partials per step, so a small slice count costs one round trip to L2), writes ``out``
+and sets the counter back to zero for the next launch or CUDA-graph replay; the result does not depend on
+which program is last. A second dependent launch costs about 3 us on the H200 (a plain read of the same
+bytes in two launches against one, benchmarks/results/h200/moe-decode/bench_moe_decode_stream_floor.json);
+the merge costs the last program S_b / BLOCK_S dependent reads of its partials from L2 after its own slice,
+so it pays at small slice caps (launch.SplitPolicy.merge_max_slices).
 
 ## Prefill
 
@@ -151,12 +153,11 @@ def _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW: tl.constexpr):
 
 @triton.jit
 def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr, FROM_L2: tl.constexpr):
+                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr):
     """[BLOCK_D] fp32: o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over
     slices and sink, over the ``n_slices`` slices of partial row ``row`` (= sequence · Hq + hq; its slices at
     ``row · S + s``); the slices taken BLOCK_S at a time, the running sums rescaled to each step's maximum (a
-    slice with no visible key has lse = -inf and weight 0). ``FROM_L2``: read the partials past L1
-    (``.cg``), for partials other programs of the same launch wrote."""
+    slice with no visible key has lse = -inf and weight 0)."""
     d = tl.arange(0, BLOCK_D)
     # fp32 scalars from the start: a loop-carried value must keep its type
     denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
@@ -164,11 +165,7 @@ def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D
     acc = tl.zeros([BLOCK_D], tl.float32)
     for s0 in range(0, n_slices, BLOCK_S):
         sl = s0 + tl.arange(0, BLOCK_S)
-        lse_ptrs = part_lse_ptr + row * S + sl
-        if FROM_L2:
-            lse = tl.load(lse_ptrs, mask=sl < n_slices, other=float("-inf"), cache_modifier=".cg")
-        else:
-            lse = tl.load(lse_ptrs, mask=sl < n_slices, other=float("-inf"))
+        lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
         new = tl.maximum(big, tl.max(lse, axis=0))
         use = tl.where(new == float("-inf"), 0.0, new)
         rescale = tl.exp2(big - use)
@@ -176,12 +173,8 @@ def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D
         live = lse > float("-inf")
         # masked by the slice count only, not by ``live``, so this load is issued beside the lse load instead of
         # after it; the rows of slices that saw no key (never written) are dropped by the select below
-        o_ptrs = part_out_ptr + (row * S + sl)[:, None] * D + d[None, :]
-        o_mask = (sl < n_slices)[:, None] & (d < D)[None, :]
-        if FROM_L2:
-            o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
-        else:
-            o = tl.load(o_ptrs, mask=o_mask, other=0.0)
+        o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :],
+                    mask=(sl < n_slices)[:, None] & (d < D)[None, :], other=0.0)
         o = tl.where(live[:, None], o, 0.0)
         acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
         denom = denom * rescale + tl.sum(w, axis=0)
@@ -194,6 +187,46 @@ def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D
         acc = acc * rescale
         denom = denom * rescale + tl.exp2(sink - use)
     return acc / tl.where(denom > 0, denom, 1.0)
+
+
+@triton.jit
+def _merge_group(part_out_ptr, part_lse_ptr, sinks_ptr, row0, hq0, G, n_slices, S, D: tl.constexpr,
+                 BLOCK_GM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """[BLOCK_GM, BLOCK_D] fp32: :func:`_merge_slices` for the G query heads hq0 .. hq0 + G - 1 at once (their
+    partial rows row0 .. row0 + G - 1), each head's slices BLOCK_S at a time with its own running maximum, the
+    same sums per head as there; ``BLOCK_GM`` >= G (a power of two; rows past G are zeros). Reads past L1
+    (``.cg``): the other programs of this launch wrote the partials."""
+    g = tl.arange(0, BLOCK_GM)
+    g_ok = g < G
+    d = tl.arange(0, BLOCK_D)
+    rows = row0 + g
+    denom = tl.zeros([BLOCK_GM], tl.float32)
+    big = denom - float("inf")
+    acc = tl.zeros([BLOCK_GM, BLOCK_D], tl.float32)
+    for s0 in range(0, n_slices, BLOCK_S):
+        sl = s0 + tl.arange(0, BLOCK_S)
+        ok = g_ok[:, None] & (sl < n_slices)[None, :]
+        slot = rows[:, None] * S + sl[None, :]  # [BLOCK_GM, BLOCK_S]
+        lse = tl.load(part_lse_ptr + slot, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        # issued beside the lse load (masked by the slice count only); rows never written are dropped below
+        o = tl.load(part_out_ptr + slot[:, :, None] * D + d[None, None, :],
+                    mask=ok[:, :, None] & (d < D)[None, None, :], other=0.0, cache_modifier=".cg")
+        new = tl.maximum(big, tl.max(lse, axis=1))
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        w = tl.exp2(lse - use[:, None])
+        o = tl.where((lse > float("-inf"))[:, :, None], o, 0.0)
+        acc = acc * rescale[:, None] + tl.sum(o * w[:, :, None], axis=1)
+        denom = denom * rescale + tl.sum(w, axis=1)
+        big = new
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + hq0 + g, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        new = tl.maximum(big, sink)
+        use = tl.where(new == float("-inf"), 0.0, new)
+        rescale = tl.exp2(big - use)
+        acc = acc * rescale[:, None]
+        denom = denom * rescale + tl.exp2(sink - use)
+    return acc / tl.where(denom > 0, denom, 1.0)[:, None]
 
 
 @triton.jit
@@ -236,7 +269,8 @@ def _paged_decode_kernel(
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
     USE_PDL: tl.constexpr,  # release the reduce kernel (a programmatic dependent launch) as each program starts
     MERGE: tl.constexpr,  # SPLIT only: the last slice of each (sequence, KV head) merges them; no reduce launch
-    BLOCK_S: tl.constexpr,  # slices merged per step when MERGE (as the reduce kernel's)
+    BLOCK_GM: tl.constexpr,  # MERGE: next power of two >= G (the merge's head rows)
+    BLOCK_S: tl.constexpr,  # MERGE: slices merged per step (a [BLOCK_GM, BLOCK_S, BLOCK_D] tile of partials)
 ):
     if USE_PDL:
         # at once: the reduce grid is launched while this one runs (its programs are placed as SMs free up after
@@ -291,12 +325,11 @@ def _paged_decode_kernel(
             count = count_ptr + b * tl.num_programs(1) + h
             if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == n_slices - 1:  # the last slice in
                 tl.debug_barrier()
-                for gi in range(G):
-                    hq = h * G + gi
-                    o = _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, b * (tl.num_programs(1) * G) + hq, hq,
-                                      n_slices, S, D, BLOCK_D, BLOCK_S, HAS_SINKS, True)
-                    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty),
-                             mask=d_ok)
+                o = _merge_group(part_out_ptr, part_lse_ptr, sinks_ptr, b * (tl.num_programs(1) * G) + h * G, h * G,
+                                 G, n_slices, S, D, BLOCK_GM, BLOCK_D, BLOCK_S, HAS_SINKS)
+                gm = tl.arange(0, BLOCK_GM)
+                tl.store(out_ptr + b * out_seq_stride + (h * G + gm)[:, None] * out_head_stride + d[None, :],
+                         o.to(out_ptr.dtype.element_ty), mask=(gm < G)[:, None] & d_ok[None, :])
                 tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
     else:
         if HAS_SINKS:
@@ -337,7 +370,7 @@ def _paged_decode_reduce_kernel(
         gdc_wait()
     d = tl.arange(0, BLOCK_D)
     o = _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, b * tl.num_programs(1) + hq, hq, n_slices, S, D,
-                      BLOCK_D, BLOCK_S, HAS_SINKS, False)
+                      BLOCK_D, BLOCK_S, HAS_SINKS)
     tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
 
 

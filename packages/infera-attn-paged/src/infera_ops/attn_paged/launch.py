@@ -19,6 +19,9 @@ from infera_vllm.triton_dot import pdl_supported
 
 MAX_SPLITS = 256  # the most slices any policy may ask for (SplitPolicy.max_splits picks within it)
 REDUCE_BLOCK_S = 64  # slices the reduce kernel merges per step
+# the in-kernel merge's step: G heads x BLOCK_S slices x D of fp32 partials at most this many elements (32
+# registers per thread at 4 warps, after the slice loop's registers are free)
+MERGE_TILE = 4096
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,10 @@ class SplitPolicy:
     programs_per_sm: int = 16
     split_keys: int = 128
     max_splits: int = 64  # the slice cap's ceiling (at most MAX_SPLITS): more slices, more programs at batch 1
-    # the last slice of each (sequence, KV head) merges the slices in the main kernel: no reduce launch (and no
-    # PDL), a serial merge in that program instead (kernels.py, MERGE)
-    merge_in_kernel: bool = False
+    # where the slice cap is at most this, the last slice of each (sequence, KV head) merges the slices in the
+    # main kernel: no reduce launch (and no PDL), a merge of S_b / BLOCK_S dependent L2 reads in that program
+    # after its own slice instead (kernels.py, MERGE); 0: the reduce kernel merges at every cap
+    merge_max_slices: int = 0
 
 
 # Launch sizes for a GPU family without a tuning file (policy.py; sm90 has one, measured): small tiles that
@@ -84,7 +88,7 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     unsplit = LaunchConfig(*tuned.unsplit) if tuned.unsplit else None
     by_group = tuple((g, LaunchConfig(*launch) if launch else None) for g, launch in tuned.unsplit_by_group)
     return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps, unsplit, by_group),
-            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits, tuned.merge_in_kernel),
+            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits, tuned.merge_max_slices),
             tuned.pdl and pdl_supported(device))
 
 
@@ -156,7 +160,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes (its
     unsplit sizes for the query group where S = 1, :meth:`LaunchConfig.for_slices`); ``pdl``
     whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`; none when the
-    policy merges in the kernel, ``SplitPolicy.merge_in_kernel``); each defaults
+    policy merges in the kernel at this cap, ``SplitPolicy.merge_max_slices``); each defaults
     to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
     sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
     """
@@ -171,7 +175,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     splits = num_splits or split_cap(B, Hkv, q.device, policy)
     G = Hq // Hkv
     cfg = cfg.for_slices(splits, G)
-    merge = splits > 1 and policy.merge_in_kernel
+    merge = 1 < splits <= policy.merge_max_slices
     use_pdl = (tuned_pdl if pdl is None else pdl and pdl_supported(q.device)) and not merge
     common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
                   PAGE=page, BLOCK_N=cfg.block_n, HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0,
@@ -185,6 +189,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     else:
         part_out = part_lse = count = out  # not read: SPLIT is off
     block_s = min(REDUCE_BLOCK_S, triton.next_power_of_2(splits))
+    block_gm = triton.next_power_of_2(G)
+    merge_block_s = merge_step(block_gm, common["BLOCK_D"], splits)
     _paged_decode_kernel[(B, Hkv, splits)](
         q, q.stride(0), q.stride(1),
         key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -192,7 +198,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         block_table, block_table.stride(0), seq_lens, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), part_out, part_lse, count,
         float(scale), float(softcap), int(window_left), int(policy.split_keys),
-        SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, MERGE=merge, BLOCK_S=block_s, num_warps=cfg.num_warps,
+        SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, MERGE=merge, BLOCK_GM=block_gm, BLOCK_S=merge_block_s,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **common)
     if splits > 1 and not merge:
         pdl_kw = {"launch_pdl": True} if use_pdl else {}
@@ -203,6 +210,13 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
             HAS_SINKS=sinks is not None, HAS_WINDOW=window_left >= 0, USE_PDL=use_pdl, num_warps=cfg.reduce_warps,
             **pdl_kw)
     return out
+
+
+def merge_step(block_gm: int, block_d: int, splits: int) -> int:
+    """Slices per step of the in-kernel merge (kernels.py ``_merge_group``): every slice of the cap at once
+    where a [block_gm, slices, block_d] fp32 tile fits MERGE_TILE, else the largest power of two that does."""
+    fit = max(1, MERGE_TILE // (block_gm * block_d))
+    return min(triton.next_power_of_2(splits), 1 << (fit.bit_length() - 1))
 
 
 def prefill_config(head_size: int, group: int, device=None) -> tuple[int, LaunchConfig]:

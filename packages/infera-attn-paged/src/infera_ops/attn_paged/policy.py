@@ -15,7 +15,7 @@ cover, uses launch.py's defaults.
 File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measured": {...}}`` where each
 decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (launch.LaunchConfig),
 ``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (launch.SplitPolicy; default 64) and
-``merge_in_kernel`` (default false), ``pdl``, and
+``merge_max_slices`` (default 0: the reduce kernel merges at every slice cap), ``pdl``, and
 optionally ``unsplit`` (``{"block_n", "num_warps", "num_stages"}`` for launches whose slice cap is 1,
 launch.LaunchConfig.unsplit) and ``unsplit_by_group`` (``{"3": {...} or null, ...}``: per query heads per KV
 head, that group's unsplit launch, null for none; other groups take ``unsplit``), and each prefill entry
@@ -126,7 +126,7 @@ class DecodeSettings:
     max_splits: int = 64
     unsplit: tuple[int, int, int] | None = None  # (block_n, num_warps, num_stages) where the slice cap is 1
     unsplit_by_group: tuple[tuple[int, tuple[int, int, int] | None], ...] = ()  # (G, launch or None) pairs
-    merge_in_kernel: bool = False  # the last slice merges (ops.SplitPolicy.merge_in_kernel)
+    merge_max_slices: int = 0  # the last slice merges up to this cap (launch.SplitPolicy.merge_max_slices)
 
 
 @dataclass(frozen=True)
