@@ -115,6 +115,23 @@ def test_an_op_that_served_nothing_is_noted():
     assert "norm: handover eager-launch-cost 100%" in text and "served no call" in text
 
 
+def test_a_run_where_no_op_took_a_call_is_judged_neutral():
+    """The default set on a model none of whose layers it takes: plugin off's work in another process, so a
+    difference beyond the off-vs-off spread is that between processes. A run whose ops handed calls over did
+    change the path (another provider) and is judged on its numbers."""
+    idle = {op: {"active": op != "attn-paged", "verdicts": ["active x2"], "counts": {}, "share": {}}
+            for op in ("attn-paged", "norm")}
+    handed = {"norm": {"active": True, "verdicts": ["active x2"], "counts": {"call": {"handover vllm-c-faster": 9}},
+                       "share": {"call": {"handover vllm-c-faster": 1.0}}}}
+    entry = _entry(_runs(default=([_round(112.0)], {"coverage": idle}), norm=([_round(90.0)], {"coverage": handed}),
+                         quiet=([_round(101.0)], {"coverage": idle})))
+    rows = {r["run"]: r for r in validate.judge(entry)["rows"]}
+    assert rows["default"]["verdict"] == "neutral"
+    assert "no op took a call" in rows["default"]["note"] and "faster ratio is the noise" in rows["default"]["note"]
+    assert rows["quiet"]["verdict"] == "neutral" and rows["quiet"]["note"].startswith("no op took a call")
+    assert rows["norm"]["verdict"] == "slower" and rows["norm"]["note"] == "norm served no call on its kernel"
+
+
 def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},
@@ -141,7 +158,8 @@ def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run()
     assert "throughput here is not meaningful" in text
     md = validate.markdown({"models": [entry]}).splitlines()
     assert md[0] == "| model | run | decode x | prefill x | agreement | verdict | coverage |"
-    assert md[2].startswith("| m | norm | 1.089 1.089 | 1.000 1.000 | 1.0000 | agrees |")
+    assert md[2].startswith("| m | norm | 1.089 1.089 | 1.000 1.000 | 1.0000 | agrees (norm served no call on its "
+                            "kernel) |")
 
 
 # ---- the command, with each engine run stood in for -------------------------------------------------------

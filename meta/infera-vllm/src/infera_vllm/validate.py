@@ -334,7 +334,16 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         whole_set = _whole_set(label)
         op = run.get("op", label)
         served = [o for o in (sorted(cov) if whole_set else [op]) if _served(cov.get(o))]
-        if not whole_set and not served:
+        if run.get("coverage") is not None and not any(_called(c) for c in cov.values()):
+            # no op took a call, not even to hand it over: the run did plugin off's work in another process
+            if verdict in ("faster", "slower"):
+                row["note"] = "; ".join(filter(None, (
+                    f"no op took a call, so the run did plugin off's work: its {verdict} ratio is the noise "
+                    "between processes, judged neutral", row["note"])))
+                verdict = "neutral"
+            else:
+                row["note"] = "; ".join(filter(None, ("no op took a call", row["note"])))
+        elif not whole_set and not served:
             row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel", row["note"])))
         rows.append({**row, "verdict": verdict})
     cost = (startups["every-op"] / startups["every-op-nocheck"] - 1
@@ -386,6 +395,11 @@ def rows(entry: dict) -> list[dict]:
 def with_rows(doc: dict) -> dict:
     """``doc`` with each entry's :func:`rows` (derived: recomputed whenever the results are written)."""
     return {**doc, "models": [{**e, "rows": rows(e)} for e in doc["models"]]}
+
+
+def _called(op_cov: dict | None) -> bool:
+    """Whether the op took any call (counted at call, plan or trace time), whatever its route."""
+    return bool(op_cov) and any(n for routes in op_cov["counts"].values() for n in routes.values())
 
 
 def _served(op_cov: dict | None) -> bool:
@@ -495,7 +509,8 @@ def markdown(doc: dict) -> str:
             ops = _shown_ops(row["run"], run.get("coverage"), run.get("op"))
             agree = "-" if row["agreement"] is None else f"{row['agreement']:.4f}"
             lines.append(f"| {entry['model']} | {row['run']} | {_ratios(row['ratios']['decode'])} | "
-                         f"{_ratios(row['ratios']['prefill'])} | {agree} | {row['verdict']} | "
+                         f"{_ratios(row['ratios']['prefill'])} | {agree} | {row['verdict']}"
+                         f"{' (' + row['note'] + ')' if row['note'] else ''} | "
                          f"{_coverage_text(run.get('coverage'), ops)} |")
     return "\n".join(lines)
 
