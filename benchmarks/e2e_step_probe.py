@@ -5,15 +5,18 @@ prompts, ``max_tokens=1`` and ``1 + decode`` greedy tokens) and then profiling a
 with cProfile (the functions with the most own time, and the attention forwards' cumulative time).
 
 Why: with 256-token prompts on a dummy-weight Llama-3-8B (the validation matrix), ``--attention-backend CUSTOM``
-measured a batch-1 prefill of 36-44 ms against FLASH_ATTN's 27-38 ms in the same matrix run; a 256-token
-prompt is beyond vLLM's CUDA-graph sizes there (``max_num_seqs`` 64: graphs up to 128 tokens), so its
-forward runs eagerly and host time per layer counts. The probe names where the difference is spent.
+measured a batch-1 prefill of 36-44 ms against FLASH_ATTN's 27-38 ms in the same matrix run, and decode at
+batch 16 0.94x, where the decode kernel alone is 0.99x FA3 at those lengths. A 256-token prompt is beyond
+vLLM's CUDA-graph sizes there (``max_num_seqs`` 64: graphs up to 128 tokens), so its forward runs eagerly
+and host time per layer counts; decode steps replay CUDA graphs, so there only GPU time counts
+(``--kernels``). The probe names where each difference is spent.
 
     python3 benchmarks/e2e_step_probe.py --model DIR --backends FLASH_ATTN,TRITON_ATTN,CUSTOM --out $OUT
 
 ``CUSTOM`` needs the plugin with attn-paged (``INFERA_VLLM_OPS=attn-paged`` is set for it); ``CUSTOM-kernel``
 is the same with ``INFERA_ATTN_PAGED_PREFILL=kernel`` (the ragged kernel instead of FA3 for prefill). Writes
-``e2e_step_probe.json`` (every time, the profile's top lines) and prints a table.
+``e2e_step_probe.json`` (every time, the profile's top lines; with ``--kernels`` each kernel's GPU time over
+one full generation, decode steps included) and prints a table.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import Column, table, write_json  # noqa: E402
+from _results import Column, kernel_times_us, table, write_json  # noqa: E402
 
 VARIANTS = {  # label: (vLLM attention backend, extra environment)
     "FLASH_ATTN": ("FLASH_ATTN", {"INFERA_VLLM_OPS_DISABLE": "1"}),
@@ -85,8 +88,15 @@ def child(args) -> dict:
                      "calls": st[1] / args.profiled}
                     for f, st in stats.stats.items() if f[2] in ("forward", "do_kv_cache_update")
                     and ("attn" in f[0] or "attention" in f[0])]
+        kernels = None
+        if args.kernels:  # GPU time per kernel over one full generation (decode steps replayed from CUDA graphs)
+            import torch
+
+            if torch.cuda.is_available():
+                times = kernel_times_us(lambda: llm.generate(prompts, full, use_tqdm=False), reps=1)
+                kernels = dict(sorted((times or {}).items(), key=lambda kv: -kv[1])[:args.top])
         out["batches"][str(batch)] = {"prefill_s": pre, "full_s": whole, "profile_top": top,
-                                      "attention_forwards": forwards}
+                                      "attention_forwards": forwards, "kernels_us": kernels}
     return out
 
 
@@ -102,6 +112,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profiled", type=int, default=5, help="prefill-only generations under cProfile")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--kernels", action="store_true",
+                        help="also each kernel's GPU time over one full generation (torch.profiler; a GPU only)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--timeout", type=float, default=240)
@@ -144,6 +156,8 @@ def main() -> int:
                                                 Column("calls", "calls", ".0f")]), flush=True)
             for f in v["attention_forwards"]:
                 print(f"  {f['function']}: {f['cumulative_s'] * 1e3:.2f} ms over {f['calls']:.0f} calls", flush=True)
+            for name, us in (v.get("kernels_us") or {}).items():
+                print(f"  GPU {us / 1e3:8.2f} ms  {name[:100]}", flush=True)
         write_json(str(out_dir), "e2e_step_probe", doc)
     return 0
 

@@ -218,7 +218,7 @@ def step_step_probe(r: Runner, a) -> None:
     """Where a short generation's wall time goes per attention backend (benchmarks/e2e_step_probe.py: prefill-only
     and full generations timed, prefill-only ones profiled) on a matrix model's config with dummy weights."""
     model = write_config(a.model, f"/tmp/models/{a.model}", r.dry_run)
-    r.run(py("benchmarks/e2e_step_probe.py", "--model", model, "--backends", a.backends, "--out", r.out,
+    r.run(py("benchmarks/e2e_step_probe.py", "--model", model, "--backends", a.backends, "--kernels", "--out", r.out,
              "--timeout", a.timeout / max(1, len(a.backends.split(","))), *shlex.split(a.probe_args)),
           log="e2e_step_probe.log", timeout=a.timeout + 30)
 
