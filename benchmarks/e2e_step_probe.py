@@ -48,6 +48,8 @@ def child(args) -> dict:
 
     from vllm import LLM, SamplingParams
 
+    from infera_vllm.validate import time_generations
+
     backend = VARIANTS[args.variant][0]
     kwargs = dict(max_model_len=args.prompt + args.decode + 17, max_num_seqs=args.max_num_seqs,
                   enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -64,16 +66,7 @@ def child(args) -> dict:
     out = {"variant": args.variant, "backend": backend, "startup_s": startup, "batches": {}}
     for batch in args.batches:
         prompts = [{"prompt_token_ids": [rng.randrange(1, vocab) for _ in range(args.prompt)]} for _ in range(batch)]
-        llm.generate(prompts, prefill, use_tqdm=False)
-        llm.generate(prompts, full, use_tqdm=False)
-        pre, whole = [], []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            llm.generate(prompts, prefill, use_tqdm=False)
-            t1 = time.perf_counter()
-            llm.generate(prompts, full, use_tqdm=False)
-            pre.append(t1 - t0)
-            whole.append(time.perf_counter() - t1)
+        pre, whole = time_generations(llm, prompts, prefill, full, args.repeats)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.profiled):

@@ -83,18 +83,26 @@ def measure(cfg: dict) -> dict:
         plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
                    for _ in range(batch)]
-        llm.generate(prompts, prefill, use_tqdm=False)  # warm-up outside the timing: a new batch size's first
-        llm.generate(prompts, full, use_tqdm=False)     # generations run slow
-        t_pre, t_full = [], []
-        for _ in range(cfg["repeats"]):
-            t0 = time.perf_counter()
-            llm.generate(prompts, prefill, use_tqdm=False)
-            t1 = time.perf_counter()
-            llm.generate(prompts, full, use_tqdm=False)
-            t_pre.append(t1 - t0)
-            t_full.append(time.perf_counter() - t1)
+        t_pre, t_full = time_generations(llm, prompts, prefill, full, cfg["repeats"])
         out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, t_pre, t_full)
     return out
+
+
+def time_generations(llm, prompts: list, prefill, full, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``repeats`` pairs of generations of ``prompts``: with ``prefill`` sampling parameters
+    (one output token) and then with ``full`` (the decode tokens too), after one warm-up of each outside the
+    timing (a new batch size's first generations run slow)."""
+    llm.generate(prompts, prefill, use_tqdm=False)
+    llm.generate(prompts, full, use_tqdm=False)
+    t_pre, t_full = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        llm.generate(prompts, prefill, use_tqdm=False)
+        t1 = time.perf_counter()
+        llm.generate(prompts, full, use_tqdm=False)
+        t_pre.append(t1 - t0)
+        t_full.append(time.perf_counter() - t1)
+    return t_pre, t_full
 
 
 def timed_throughput(batch: int, plen: int, dlen: int, t_pre: list[float], t_full: list[float]) -> dict:
