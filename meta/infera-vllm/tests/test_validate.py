@@ -33,6 +33,35 @@ def test_throughput_is_the_fastest_repeat_so_a_stall_does_not_count():
     assert validate.timed_throughput(1, 8, 8, t_pre=[0.3], t_full=[0.2])["decode"] is None
 
 
+class _Clock:
+    """A fake engine whose generations take the given seconds, in order, on a fake clock."""
+
+    def __init__(self, seconds):
+        self.now, self.seconds = 0.0, list(seconds)
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.now += self.seconds.pop(0)
+
+
+@pytest.mark.parametrize("max_repeats, seconds, calls, pre, full", [
+    # two repeats, both clean: nothing more
+    (4, [9, 9, 1.0, 5.0, 1.01, 5.1], 6, [1.0, 1.01], [5.0, 5.1]),
+    # a stalled full generation: a third pair, whose fastest agrees with the clean one
+    (4, [9, 9, 1.0, 5.0, 1.0, 6.2, 1.0, 5.05], 8, [1.0, 1.0, 1.0], [5.0, 6.2, 5.05]),
+    # stalls to the end: at most max_repeats pairs
+    (3, [9, 9, 1.0, 6.0, 1.0, 5.0, 1.0, 7.0], 8, [1.0, 1.0, 1.0], [6.0, 5.0, 7.0]),
+    # without max_repeats exactly the repeats
+    (None, [9, 9, 1.0, 6.0, 1.0, 5.0], 6, [1.0, 1.0], [6.0, 5.0]),
+])
+def test_generations_are_repeated_until_two_agree(monkeypatch, max_repeats, seconds, calls, pre, full):
+    """After the warm-ups (9 s each, not timed) the repeats; with max_repeats, more until the two fastest
+    prefill-only and the two fastest full generations each agree within 5%, so the fastest is not a stalled one."""
+    engine = _Clock(seconds)
+    monkeypatch.setattr(validate.time, "perf_counter", lambda: engine.now)
+    got = validate.time_generations(engine, [], "prefill", "full", 2, max_repeats)
+    assert got == (pytest.approx(pre), pytest.approx(full)) and len(seconds) - len(engine.seconds) == calls
+
+
 def _round(decode: float, prefill: float = 100.0, batches=(1, 16)) -> dict:
     return {"batches": {str(b): {"decode": decode, "prefill": prefill} for b in batches}, "seconds": 1.0}
 
@@ -250,6 +279,8 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     bad.write_text(json.dumps({"format": "infera-vllm-validate-matrix/1", "options": {"batch": [1]}, "models": []}))
     assert cli.main(["validate", "--matrix", str(bad)]) == 2
     assert "unknown options batch" in capsys.readouterr().err
+    assert cli.main(["validate", "--repeats", "3", "--max-repeats", "2", str(tmp_path / "tiny")]) == 2
+    assert "--max-repeats 2 is below --repeats 3" in capsys.readouterr().err
 
 
 def test_validate_is_an_infera_vllm_subcommand():

@@ -33,7 +33,10 @@ FORMAT = "infera-vllm-validate/1"
 MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
 MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the off-vs-off spread, if larger)
 AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
-DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, rounds=2, tp=1,
+# a repeat "agrees" with another when their times differ by at most this: two such give a fastest that no stall
+# (0.6-2 s on the H200, a third of the repeats at worst) inflated
+STALL_TOLERANCE = 0.05
+DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, max_repeats=None, rounds=2, tp=1,
                 agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None,
                 extra_runs={})
 EXTRA_RUN_KEYS = {"op", "env", "llm"}  # a preset's own run: the op it is about, its switches, its vLLM arguments
@@ -83,19 +86,26 @@ def measure(cfg: dict) -> dict:
         plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
                    for _ in range(batch)]
-        t_pre, t_full = time_generations(llm, prompts, prefill, full, cfg["repeats"])
+        t_pre, t_full = time_generations(llm, prompts, prefill, full, cfg["repeats"], cfg.get("max_repeats"))
         out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, t_pre, t_full)
     return out
 
 
-def time_generations(llm, prompts: list, prefill, full, repeats: int) -> tuple[list[float], list[float]]:
+def time_generations(llm, prompts: list, prefill, full, repeats: int,
+                     max_repeats: int | None = None) -> tuple[list[float], list[float]]:
     """Wall seconds of ``repeats`` pairs of generations of ``prompts``: with ``prefill`` sampling parameters
     (one output token) and then with ``full`` (the decode tokens too), after one warm-up of each outside the
-    timing (a new batch size's first generations run slow)."""
+    timing (a new batch size's first generations run slow). With ``max_repeats``, more pairs follow, up to
+    that many in all, until the two fastest of each kind agree within STALL_TOLERANCE: then the fastest
+    (what :func:`timed_throughput` counts) is not one that a stall lengthened."""
     llm.generate(prompts, prefill, use_tqdm=False)
     llm.generate(prompts, full, use_tqdm=False)
     t_pre, t_full = [], []
-    for _ in range(repeats):
+
+    def settled() -> bool:
+        return all(len(t) > 1 and sorted(t)[1] <= sorted(t)[0] * (1 + STALL_TOLERANCE) for t in (t_pre, t_full))
+
+    while len(t_full) < repeats or (len(t_full) < (max_repeats or 0) and not settled()):
         t0 = time.perf_counter()
         llm.generate(prompts, prefill, use_tqdm=False)
         t1 = time.perf_counter()
@@ -662,6 +672,8 @@ def _options(args) -> dict:
         raise InputError(f"bad option value: {exc}") from None
     if not opts["batches"] or min(opts["batches"]) < 1 or opts["rounds"] < 1 or opts["repeats"] < 1:
         raise InputError("--batches, --rounds and --repeats take positive integers")
+    if opts["max_repeats"] is not None and opts["max_repeats"] < opts["repeats"]:
+        raise InputError(f"--max-repeats {opts['max_repeats']} is below --repeats {opts['repeats']}")
     _check_extra_runs(opts["extra_runs"])
     return opts
 
@@ -734,6 +746,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="prompt length of the timed runs (256), or one per batch size: 1:16384,16:8192")
     p.add_argument("--decode-tokens", dest="decode_tokens", type=int, help="tokens generated per sequence (64)")
     p.add_argument("--repeats", type=int, help="timed repeats per batch size in one run; the fastest counts (3)")
+    p.add_argument("--max-repeats", dest="max_repeats", type=int,
+                   help="more repeats, up to this many, until the two fastest of each kind agree within 5%% "
+                        "(a stall only lengthens a generation; default: --repeats exactly)")
     p.add_argument("--rounds", type=int, help="alternating rounds of all configurations (2)")
     p.add_argument("--tp", type=int, help="tensor parallel size (1)")
     p.add_argument("--ops", help="only these ops alone (comma-separated; default every installed op)")
@@ -857,7 +872,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         report_dir = os.path.join(work, m["name"], f"{c['label']}-r{r}")
         env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
         os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
-        sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "agreement_prompts", "agreement_tokens")
+        sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "max_repeats", "agreement_prompts",
+                 "agreement_tokens")
         cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
                "vocab_size": vocab, **{k: entry["options"][k] for k in sizes}}
         res = _spawn(cfg, env, report_dir)
