@@ -13,8 +13,10 @@ and host time per layer counts; decode steps replay CUDA graphs, so there only G
 
     python3 benchmarks/e2e_step_probe.py --model DIR --backends FLASH_ATTN,TRITON_ATTN,CUSTOM --out $OUT
 
-``CUSTOM`` needs the plugin with attn-paged (``INFERA_VLLM_OPS=attn-paged`` is set for it); ``CUSTOM-kernel``
-is the same with ``INFERA_ATTN_PAGED_PREFILL=kernel`` (the ragged kernel instead of FA3 for prefill). Writes
+``CUSTOM`` is attn-paged as ``infera-vllm validate`` runs it alone (``INFERA_VLLM_OPS=attn-paged`` and its
+default switch: vLLM's automatic choice); ``CUSTOM-kernel`` the same with ``INFERA_ATTN_PAGED_PREFILL=kernel``
+(the ragged kernel instead of FA3 for prefill); ``CUSTOM-selected`` selected by name
+(``--attention-backend CUSTOM``). Writes
 ``e2e_step_probe.json`` (every time, the profile's top lines; with ``--kernels`` each kernel's GPU time over
 one full generation, decode steps included) and prints a table.
 """
@@ -32,11 +34,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import Column, kernel_times_us, table, write_json  # noqa: E402
 
-VARIANTS = {  # label: (vLLM attention backend, extra environment)
+# label: (vLLM attention backend, None: vLLM's automatic choice; extra environment). CUSTOM runs as
+# `infera-vllm validate` runs attn-paged alone: the op's default switch makes it vLLM's automatic choice
+_AS_DEFAULT = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1"}
+VARIANTS = {
     "FLASH_ATTN": ("FLASH_ATTN", {"INFERA_VLLM_OPS_DISABLE": "1"}),
     "TRITON_ATTN": ("TRITON_ATTN", {"INFERA_VLLM_OPS_DISABLE": "1"}),
-    "CUSTOM": ("CUSTOM", {"INFERA_VLLM_OPS": "attn-paged"}),
-    "CUSTOM-kernel": ("CUSTOM", {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_PREFILL": "kernel"}),
+    "CUSTOM": (None, _AS_DEFAULT),
+    "CUSTOM-kernel": (None, {**_AS_DEFAULT, "INFERA_ATTN_PAGED_PREFILL": "kernel"}),
+    "CUSTOM-selected": ("CUSTOM", {"INFERA_VLLM_OPS": "attn-paged"}),  # --attention-backend CUSTOM
 }
 
 
@@ -52,8 +58,9 @@ def child(args) -> dict:
 
     backend = VARIANTS[args.variant][0]
     kwargs = dict(max_model_len=args.prompt + args.decode + 17, max_num_seqs=args.max_num_seqs,
-                  enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization,
-                  attention_config={"backend": backend})
+                  enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization)
+    if backend is not None:
+        kwargs["attention_config"] = {"backend": backend}
     if not args.real_weights:
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
     start = time.perf_counter()
