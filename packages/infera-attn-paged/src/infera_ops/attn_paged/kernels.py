@@ -152,50 +152,17 @@ def _slices_of(seq_len, window_left, split_keys, S, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, row, hq, n_slices, S, D: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """[BLOCK_D] fp32: o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)), M = max over
-    slices and sink, over the ``n_slices`` slices of partial row ``row`` (= sequence · Hq + hq; its slices at
-    ``row · S + s``); the slices taken BLOCK_S at a time, the running sums rescaled to each step's maximum (a
-    slice with no visible key has lse = -inf and weight 0)."""
-    d = tl.arange(0, BLOCK_D)
-    # fp32 scalars from the start: a loop-carried value must keep its type
-    denom = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)
-    big = denom - float("inf")  # the running maximum of the lse seen (log2 units)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s0 in range(0, n_slices, BLOCK_S):
-        sl = s0 + tl.arange(0, BLOCK_S)
-        lse = tl.load(part_lse_ptr + row * S + sl, mask=sl < n_slices, other=float("-inf"))
-        new = tl.maximum(big, tl.max(lse, axis=0))
-        use = tl.where(new == float("-inf"), 0.0, new)
-        rescale = tl.exp2(big - use)
-        w = tl.exp2(lse - use)
-        live = lse > float("-inf")
-        # masked by the slice count only, not by ``live``, so this load is issued beside the lse load instead of
-        # after it; the rows of slices that saw no key (never written) are dropped by the select below
-        o = tl.load(part_out_ptr + (row * S + sl)[:, None] * D + d[None, :],
-                    mask=(sl < n_slices)[:, None] & (d < D)[None, :], other=0.0)
-        o = tl.where(live[:, None], o, 0.0)
-        acc = acc * rescale + tl.sum(o * w[:, None], axis=0)
-        denom = denom * rescale + tl.sum(w, axis=0)
-        big = new
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + hq).to(tl.float32) * 1.4426950408889634
-        new = tl.maximum(big, sink)
-        use = tl.where(new == float("-inf"), 0.0, new)
-        rescale = tl.exp2(big - use)
-        acc = acc * rescale
-        denom = denom * rescale + tl.exp2(sink - use)
-    return acc / tl.where(denom > 0, denom, 1.0)
-
-
-@triton.jit
 def _merge_group(part_out_ptr, part_lse_ptr, sinks_ptr, row0, hq0, G, n_slices, S, D: tl.constexpr,
                  BLOCK_GM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """[BLOCK_GM, BLOCK_D] fp32: :func:`_merge_slices` for the G query heads hq0 .. hq0 + G - 1 at once (their
-    partial rows row0 .. row0 + G - 1), each head's slices BLOCK_S at a time with its own running maximum, the
-    same sums per head as there; ``BLOCK_GM`` >= G (a power of two; rows past G are zeros). Reads past L1
-    (``.cg``): the other programs of this launch wrote the partials."""
+    """[BLOCK_GM, BLOCK_D] fp32, for each of the G query heads hq = hq0 .. hq0 + G - 1 (partial rows
+    row = row0 .. row0 + G - 1, a row being sequence · Hq + hq, its slices at row · S + s):
+
+        o = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink·log2e - M)),  M = max over slices and sink
+
+    over the ``n_slices`` slices, BLOCK_S at a time, each head's running sums rescaled to each step's maximum
+    (a slice with no visible key has lse = -inf and weight 0). ``BLOCK_GM`` >= G, a power of two (rows past G
+    are zeros): the reduce kernel merges one head (G = BLOCK_GM = 1), the main kernel's last slice its G heads
+    at once. Reads past L1 (``.cg``): the partials were written by other programs."""
     g = tl.arange(0, BLOCK_GM)
     g_ok = g < G
     d = tl.arange(0, BLOCK_D)
@@ -358,8 +325,8 @@ def _paged_decode_reduce_kernel(
     HAS_WINDOW: tl.constexpr,
     USE_PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the main kernel's writes
 ):
-    """The merge (_merge_slices) of the S_b slices of sequences with S_b > 1 (the main kernel wrote the others'
-    outputs itself), one program per (sequence, query head)."""
+    """The merge (_merge_group, one head) of the S_b slices of sequences with S_b > 1 (the main kernel wrote
+    the others' outputs itself), one program per (sequence, query head)."""
     b = tl.program_id(0).to(tl.int64)
     hq = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -369,9 +336,10 @@ def _paged_decode_reduce_kernel(
     if USE_PDL:
         gdc_wait()
     d = tl.arange(0, BLOCK_D)
-    o = _merge_slices(part_out_ptr, part_lse_ptr, sinks_ptr, b * tl.num_programs(1) + hq, hq, n_slices, S, D,
-                      BLOCK_D, BLOCK_S, HAS_SINKS)
-    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d, o.to(out_ptr.dtype.element_ty), mask=d < D)
+    o = _merge_group(part_out_ptr, part_lse_ptr, sinks_ptr, b * tl.num_programs(1) + hq, hq, 1, n_slices, S, D, 1,
+                     BLOCK_D, BLOCK_S, HAS_SINKS)
+    tl.store(out_ptr + b * out_seq_stride + hq * out_head_stride + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=(d < D)[None, :])
 
 
 @triton.jit
