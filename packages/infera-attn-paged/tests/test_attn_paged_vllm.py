@@ -348,8 +348,12 @@ def test_self_check_lengthens_one_key_decode_batches(vllm_config, self_checked, 
 
 
 def test_kv_cache_update_writes_vllms_slots(vllm_config):
-    """The KV write the backend does (vLLM's Triton kernel on GPUs, an index-put on the CPU) fills exactly the
-    slots vLLM's slot mapping names, in the views the kernels read."""
+    """The KV write the backend does (vLLM's compiled write on GPUs, as FLASH_ATTN's; an index-put on the CPU)
+    fills exactly the slots vLLM's slot mapping names, in the views the kernels read."""
+    from infera_ops.attn_paged import seam
+
+    if DEV != "cpu":  # vLLM's GPU builds have the compiled write: the Triton one is not what runs here
+        assert seam.compiled_cache_write() is not None
     md, kv_cache, _ = _decode_batch(vllm_config, [20, 20])
     impl = _impl()
     before = kv_cache.clone()

@@ -1,6 +1,7 @@
 """The vLLM side of infera-attn-paged, and how it is installed.
 
-``InferaAttentionBackend`` is vLLM's Triton backend (same KV-cache layout, same KV writes, same metadata)
+``InferaAttentionBackend`` is vLLM's Triton backend (same KV-cache layout, same metadata; the KV write is
+FLASH_ATTN's compiled one where the build has it, :func:`compiled_cache_write`)
 whose ``forward`` runs the split-KV decode kernel on pure decode batches, and prefill and mixed batches on the
 fastest kernel there is for them: FlashAttention-3 (vLLM's build, over the same cache views) where it runs on
 this GPU, counted as route ``fa3``, else the ragged prefill kernel (kernels.py). What they cannot serve goes
@@ -108,6 +109,7 @@ CHECK_KEYS = 1024  # keys per sequence when the self-check lengthens a one-key d
 _count = coverage.CallCounts(OP_NAME, policy.HANDOVERS, policy.ROUTES)
 _check = self_check.Checker(OP_NAME, SPEC.self_check_bound)
 _FA3: list = []  # [flash_attn_varlen_func or None, reason or None], resolved once per process
+_CACHE_WRITE: list = []  # [vLLM's compiled reshape_and_cache_flash or None], resolved once per process
 
 
 def vllm_triton_runs() -> bool:
@@ -133,11 +135,34 @@ def fa3_unavailable() -> str | None:
     return _FA3[1]
 
 
+def compiled_cache_write():
+    """vLLM's compiled KV write, ``reshape_and_cache_flash`` (its CUDA / ROCm build's ``_C_cache_ops``), which
+    FLASH_ATTN calls over the same cache views, or None where this build lacks it (vLLM's CPU build). The
+    Triton backend's write is a Triton kernel with the same result whose Python launcher costs tens of
+    microseconds of host time per layer: where a forward runs eagerly (prefills beyond the CUDA-graph sizes)
+    and the host sets the pace, that made a short prefill measurably slower than FLASH_ATTN's."""
+    if not _CACHE_WRITE:
+        op = None
+        try:
+            import vllm._custom_ops  # noqa: F401  (loads vllm._C, which registers the cache ops)
+
+            op = torch.ops._C_cache_ops.reshape_and_cache_flash
+        except (ImportError, AttributeError, RuntimeError):
+            op = None
+        _CACHE_WRITE[:] = [op]
+    return _CACHE_WRITE[0]
+
+
 def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The key and value caches as ``[num_blocks, block_size, Hkv, D]`` views of vLLM's KV tensor."""
     if kv_cache.dim() == 5:  # 0.24: (num_blocks, 2, block_size, Hkv, D)
         return kv_cache.unbind(1)
     return kv_cache.transpose(1, 2).split(head_size, dim=-1)
+
+
+def block_size(kv_cache: torch.Tensor) -> int:
+    """Tokens per cache page, from vLLM's KV tensor in either layout (dim 2 in both), without making views."""
+    return kv_cache.shape[2]
 
 
 def split_table(max_seqs: int, num_kv_heads: int, device, head_size: int) -> list[int]:
@@ -216,8 +241,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
             # FA3 picks its schedule from this batch's lengths: outside CUDA graphs only (under a full graph
             # a captured prefill or mixed batch runs the ragged kernel, whose grid is fixed by its shape)
             prefill = self._infera_prefill
-            if prefill == policy.FA3 and not decode and (
-                    capturing or kv_views(kv_cache, self.head_size)[0].shape[1] % 16):
+            if prefill == policy.FA3 and not decode and (capturing or block_size(kv_cache) % 16):
                 prefill = "kernel"  # FA3's paged cache takes pages of a multiple of 16 tokens
             reason = policy.batch_decline(query, decode, prefill, extras,
                                           output_scale is not None or output_block_scale is not None,
@@ -322,7 +346,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         (FLASH_ATTN, vLLM's choice on Hopper, compiled ahead of time: a check costs no JIT compile), else the
         parent's forward (TRITON_ATTN's kernel); where vLLM's Triton kernels do not run (its CPU build) the
         fp32 reference over the same views, in the output's dtype."""
-        if self._infera_fa3_reference and kv_views(kv_cache, self.head_size)[0].shape[1] % 16 == 0:
+        if self._infera_fa3_reference and block_size(kv_cache) % 16 == 0:
             return self._fa3_forward(query, kv_cache, md, output)
         if vllm_triton_runs():
             return super().forward(layer, query, key, value, kv_cache, md, output)
@@ -357,11 +381,22 @@ class InferaAttentionImpl(TritonAttentionImpl):
         return output
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
-        """vLLM's Triton KV write on GPUs. On the CPU (validation under the interpreter: vLLM's CPU build
-        disables its Triton kernels) the same write as a torch index-put into the same views."""
-        if kv_cache.device.type != "cpu" or self._infera_layer_decline is not None:
+        """The KV write into the cache views the kernels read: on GPUs vLLM's compiled write, as FLASH_ATTN
+        does it (:func:`compiled_cache_write`), where the build has it, else the parent's Triton write; on
+        the CPU (validation under the interpreter: vLLM's CPU build disables its Triton kernels) the same
+        write as a torch index-put. A layer the backend declined keeps the parent's write (its KV-cache
+        dtype may be one only that write stores)."""
+        if self._infera_layer_decline is not None:
             return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        if kv_cache.device.type != "cpu":
+            write = compiled_cache_write()
+            if write is None:
+                return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+            # the slot mapping's length is the token count: key and value may be padded beyond it
+            write(key, value, key_cache, value_cache, slot_mapping, self.kv_cache_dtype, layer._k_scale,
+                  layer._v_scale)
+            return None
         n = slot_mapping.shape[0]
         live = slot_mapping >= 0  # padded tokens carry slot -1
         slots = slot_mapping[live]
