@@ -34,7 +34,8 @@ and split counts (for llama3-8b and smollm2 heads; ``--sweep-budget-s`` bounds i
 ``--no-prefill``; ``--traceback`` prints a failed call's traceback; ``--batches`` and ``--rows B:ctx,...`` pick
 the decode rows (other lengths than the table's: ``--rows 16:320,64:320``); ``--pdl on|off`` and
 ``--merge-max-slices N`` force our reduce's programmatic dependent launch and the slice cap up to which the
-main kernel merges the slices itself. On the CPU,
+main kernel merges the slices itself (``--merge-max-registers R``: compiled to at most R registers, as the
+tuning file's ``merge_max_registers``). On the CPU,
 ``meta/infera-vllm/tests/test_bench_attn_paged.py`` runs this benchmark's cases at tiny sizes under Triton's
 interpreter (builders, layout, references, our kernel, the FA3 and Triton arguments), without timing.
 
@@ -111,10 +112,10 @@ from bench_attn_paged_prefill import run_prefill  # noqa: E402
 
 
 def bench_row(launch, reference, case: Case, sinks, label: str, ceiling: float, copies: int, fa3_ok: bool,
-              pdl: bool | None = None, merge_max_slices: int | None = None) -> dict:
+              pdl: bool | None = None, policy_overrides: dict | None = None) -> dict:
     ref = reference_out(reference, case, sinks)
-    policy = None if merge_max_slices is None else replace(launch.decode_defaults(case.D, case.device)[1],
-                                                           merge_max_slices=merge_max_slices)
+    policy = None if not policy_overrides else replace(launch.decode_defaults(case.D, case.device)[1],
+                                                       **policy_overrides)
     factories = {
         "ours": lambda: make_ours(launch, case, sinks, pdl=pdl, policy=policy),
         "fa3": (lambda: make_fa3(case, sinks)) if fa3_ok else None,
@@ -319,7 +320,12 @@ def main() -> int:
     parser.add_argument("--merge-max-slices", type=int, default=None,
                         help="merge the slices in the main kernel up to this slice cap (0: never) instead of as the "
                              "tuning file says")
+    parser.add_argument("--merge-max-registers", type=int, default=None,
+                        help="the merging kernel's register cap (Triton's maxnreg; 0: the compiler's choice) instead "
+                             "of the tuning file's")
     args = parser.parse_args()
+    overrides = {k: v for k, v in (("merge_max_slices", args.merge_max_slices),
+                                   ("merge_max_registers", args.merge_max_registers)) if v is not None}
     pdl = {"tuned": None, "on": True, "off": False}[args.pdl]
     _attn_paged_cases.TRACEBACK = args.traceback
     if not torch.cuda.is_available():
@@ -348,7 +354,8 @@ def main() -> int:
                         "triton_seq_threshold_3D": "128 // Hkv (not snapped to a capture size)",
                         "triton_num_par_softmax_segments": NUM_PAR_SOFTMAX_SEGMENTS,
                         "pdl": args.pdl, "batches": sorted(args.batches) if args.batches else "all",
-                        "rows": [list(r) for r in args.rows], "merge_max_slices": args.merge_max_slices},
+                        "rows": [list(r) for r in args.rows], "merge_max_slices": args.merge_max_slices,
+                        "merge_max_registers": args.merge_max_registers},
            "rows": []}
     path = None
     torch.manual_seed(0)
@@ -359,13 +366,13 @@ def main() -> int:
             copies = kv_copies_for(B, ctx, Hkv, D, cold)
             case = make_case(name, Hq, Hkv, D, B, ctx, device=device, copies=copies)
             check_layout(case)
-            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok, pdl, args.merge_max_slices)
+            row = bench_row(launch, reference, case, None, name, ceiling, copies, fa3_ok, pdl, overrides)
             doc["rows"].append(row)
             print_row(row)
             if name == SINKS_CONFIG:
                 sinks = make_sinks(Hq, ctx, device)
                 row = bench_row(launch, reference, case, sinks, name + "+sinks", ceiling, copies, fa3_ok, pdl,
-                                args.merge_max_slices)
+                                overrides)
                 row["sinks_values"] = sinks.tolist()
                 doc["rows"].append(row)
                 print_row(row)

@@ -16,7 +16,8 @@ and host time per layer counts; decode steps replay CUDA graphs, so there only G
 ``CUSTOM`` is attn-paged as ``infera-vllm validate`` runs it alone (``INFERA_VLLM_OPS=attn-paged`` and its
 default switch: vLLM's automatic choice); ``CUSTOM-kernel`` the same with ``INFERA_ATTN_PAGED_PREFILL=kernel``
 (the ragged kernel instead of FA3 for prefill); ``CUSTOM-selected`` selected by name
-(``--attention-backend CUSTOM``). Writes
+(``--attention-backend CUSTOM``); ``FLASH_ATTN-plugin`` FLASH_ATTN with the plugin loaded (its default op
+set; on Llama-3-8B none takes a call): what the loaded plugin itself costs. Writes
 ``e2e_step_probe.json`` (every time, the profile's top lines; with ``--kernels`` each kernel's GPU time over
 one full generation, decode steps included) and prints a table.
 """
@@ -40,6 +41,9 @@ _AS_DEFAULT = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1"
 VARIANTS = {
     "FLASH_ATTN": ("FLASH_ATTN", {"INFERA_VLLM_OPS_DISABLE": "1"}),
     "TRITON_ATTN": ("TRITON_ATTN", {"INFERA_VLLM_OPS_DISABLE": "1"}),
+    # the plugin loaded with its default op set, FLASH_ATTN selected: on a model none of whose layers the
+    # default set takes (Llama-3-8B), plugin off's work in a process with the plugin in it (its own cost)
+    "FLASH_ATTN-plugin": ("FLASH_ATTN", {}),
     "CUSTOM": (None, _AS_DEFAULT),
     "CUSTOM-kernel": (None, {**_AS_DEFAULT, "INFERA_ATTN_PAGED_PREFILL": "kernel"}),
     "CUSTOM-selected": ("CUSTOM", {"INFERA_VLLM_OPS": "attn-paged"}),  # --attention-backend CUSTOM

@@ -8,7 +8,8 @@ the last:
 3. slice caps above 64 (MAX_SPLITS_SWEEP x programs per SM enough to reach them at batch 1): more, shorter
    slices for the batch-1 rows, where every cap up to 64 was faster than the one below it;
 4. PDL off (where the GPU has it), and the slices merged in the main kernel up to a slice cap
-   (``merge_max_slices`` in MERGE_MAX_SLICES_SWEEP: no reduce launch at those caps, so no PDL there);
+   (``merge_max_slices`` in MERGE_MAX_SLICES_SWEEP: no reduce launch at those caps, so no PDL there; each
+   also compiled to the register budget of the chosen programs per SM, ``merge_max_registers``);
 5. the launch config of the rows whose slice cap is 1 (launch.LaunchConfig.unsplit: large batches, one program
    per sequence and KV head, each walking a whole sequence), timed on those rows alone; from the same
    times, per query group (heads per KV head) the launch fastest on that group's rows where it differs
@@ -255,9 +256,11 @@ def main() -> int:
                 (cfg, launch.SplitPolicy(p, pol.split_keys, m), pdl) for m in MAX_SPLITS_SWEEP
                 for p in sorted({pol.programs_per_sm, 8, 16, 32})])
         if 4 in passes:
+            budget = launch.register_budget(pol.programs_per_sm, cfg.num_warps)
             cfg, pol, pdl = best_of([(cfg, pol, pdl)] + ([(cfg, pol, False)] if pdl else [])
-                                    + [(cfg, replace(pol, merge_max_slices=m), pdl) for m in MERGE_MAX_SLICES_SWEEP
-                                       if m != pol.merge_max_slices])
+                                    + [(cfg, replace(pol, merge_max_slices=m, merge_max_registers=r), pdl)
+                                       for m in MERGE_MAX_SLICES_SWEEP for r in ((0, budget) if m else (0,))
+                                       if (m, r) != (pol.merge_max_slices, pol.merge_max_registers)])
         # 5. the launch of the rows whose slice cap is 1 under the chosen policy, timed on those rows alone (the
         # others never use it); then per query group (heads per KV head) the launch fastest on that group's rows
         # of the same measurements, where it is not the shared one; then the whole table with and without them

@@ -23,7 +23,8 @@ END = "<!-- end of validation table -->"
 
 
 def section(path: str = RESULTS) -> str:
-    """The text between the markers: one line per model (machine, versions, commit, rounds) and the table."""
+    """The text between the markers: one line per model (machine, versions, commit, rounds) and the table, of
+    each model's newest run (the last entry of that model in the JSON); the earlier ones are named below it."""
     if not os.path.exists(path):
         return (f"Not measured yet: `{os.path.relpath(path, ROOT)}` does not exist (docs/validate.md has the "
                 "command that makes it).")
@@ -31,6 +32,9 @@ def section(path: str = RESULTS) -> str:
 
     with open(path) as f:
         doc = json.load(f)
+    newest = {e["model"]: e for e in doc["models"]}
+    earlier = [e for e in doc["models"] if newest[e["model"]] is not e]
+    doc = {**doc, "models": list(newest.values())}
     lines = []
     for e in doc["models"]:
         env = e["environment"]
@@ -38,7 +42,9 @@ def section(path: str = RESULTS) -> str:
         lines.append(f"- {e['model']}: {e['weights']} weights, {env.get('gpu_detail') or env.get('gpu_family')}, "
                      f"vLLM {env.get('vllm')}, commit {str(e.get('commit'))[:12]}, rounds {rounds}/"
                      f"{e['options']['rounds']}, batches {', '.join(map(str, e['options']['batches']))}")
-    return "\n".join(lines + ["", validate.markdown(doc)])
+    tail = (["", "Earlier runs, kept in the JSON: " + ", ".join(
+        f"{e['model']} at {str(e.get('commit'))[:12]}" for e in earlier) + "."] if earlier else [])
+    return "\n".join(lines + ["", validate.markdown(doc)] + tail)
 
 
 def splice(text: str, body: str) -> str:

@@ -6,8 +6,10 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 if not (ROOT / "benchmarks" / "tune_attn_paged.py").is_file():
@@ -42,12 +44,15 @@ def test_each_group_takes_the_launch_fastest_on_its_own_rows():
 
 def test_written_entry_reads_back_as_the_same_launches():
     cfg = launch.LaunchConfig(64, 4, 3, 4, unsplit=LARGE, unsplit_by_group=((3, SMALL), (8, None)))
-    entry = tune.table_entry(cfg, launch.SplitPolicy(4, 64, merge_max_slices=8), False)
+    entry = tune.table_entry(cfg, launch.SplitPolicy(4, 64, merge_max_slices=8, merge_max_registers=128), False)
     assert entry["unsplit_by_group"] == {"3": {"block_n": 64, "num_warps": 4, "num_stages": 2}, "8": None}
     decode, _, _ = policy._parse(json.dumps({"decode": {"128": entry}}), "test")
     settings = decode[128]
     assert settings.unsplit == (128, 4, 3) and settings.unsplit_by_group == ((3, (64, 4, 2)), (8, None))
     assert (settings.programs_per_sm, settings.split_keys, settings.merge_max_slices) == (4, 64, 8)
+    assert settings.merge_max_registers == 128
+    with mock.patch.object(policy, "decode_settings", lambda size, device: settings):
+        assert launch.decode_defaults(128, torch.device("cpu"))[1] == launch.SplitPolicy(4, 64, 64, 8, 128)
 
 
 def test_a_section_not_tuned_keeps_the_packaged_entry_and_its_record():

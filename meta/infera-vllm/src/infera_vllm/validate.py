@@ -36,6 +36,10 @@ AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of 
 # a repeat "agrees" with another when their times differ by at most this: two such give a fastest that no stall
 # (0.6-2 s on the H200, a third of the repeats at worst) inflated
 STALL_TOLERANCE = 0.05
+# prefill-only generations are cheap (a batch-1 256-token prompt: 25-45 ms on the H200, most of it host time that
+# varies by 10 ms between repeats): more of them follow the timed pairs until this much prefill time is sampled
+PREFILL_WINDOW_S = 1.0
+PREFILL_MAX_REPEATS = 40
 DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, max_repeats=None, rounds=2, tp=1,
                 agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None,
                 extra_runs={})
@@ -97,7 +101,10 @@ def time_generations(llm, prompts: list, prefill, full, repeats: int,
     (one output token) and then with ``full`` (the decode tokens too), after one warm-up of each outside the
     timing (a new batch size's first generations run slow). With ``max_repeats``, more pairs follow, up to
     that many in all, until the two fastest of each kind agree within STALL_TOLERANCE: then the fastest
-    (what :func:`timed_throughput` counts) is not one that a stall lengthened."""
+    (what :func:`timed_throughput` counts) is not one that a stall lengthened. Then prefill-only generations
+    alone, until PREFILL_WINDOW_S of them is timed (at most PREFILL_MAX_REPEATS in all): the first
+    ``len(t_full)`` prefill times are the pairs' (the decode estimate's), the rest only sharpen the prefill's
+    fastest."""
     llm.generate(prompts, prefill, use_tqdm=False)
     llm.generate(prompts, full, use_tqdm=False)
     t_pre, t_full = [], []
@@ -112,6 +119,10 @@ def time_generations(llm, prompts: list, prefill, full, repeats: int,
         llm.generate(prompts, full, use_tqdm=False)
         t_pre.append(t1 - t0)
         t_full.append(time.perf_counter() - t1)
+    while sum(t_pre) < PREFILL_WINDOW_S and len(t_pre) < PREFILL_MAX_REPEATS:
+        t0 = time.perf_counter()
+        llm.generate(prompts, prefill, use_tqdm=False)
+        t_pre.append(time.perf_counter() - t0)
     return t_pre, t_full
 
 
@@ -119,14 +130,15 @@ def timed_throughput(batch: int, plen: int, dlen: int, t_pre: list[float], t_ful
     """Prefill and decode tokens/s of one batch size from its repeats' wall times: ``t_pre`` of the
     prefill-only generations (``plen`` tokens each), ``t_full`` of the same prompts with ``dlen`` more tokens.
 
-    The estimate is the fastest repeat of each (decode: ``batch·dlen / (min t_full - min t_pre)``, the
-    prefill's share taken out): stalls only add time to a generation (on the H200, single generations at
+    The estimate is the fastest repeat of each (decode: ``batch·dlen / (min t_full - min t_pre)`` over the
+    pairs, the prefill's share taken out; ``t_pre`` may hold more prefill-only repeats than there are pairs,
+    which count for the prefill only): stalls only add time to a generation (on the H200, single generations at
     batch >= 4 took 0.6-2 s longer in plugin-off and plugin-on runs alike, in a third of the repeats, so the
     median of five could be a stalled one), while a generation is never faster than its work. ``*_all`` keep
     every repeat's figures (decode per repeat where its full generation outlasted its prefill)."""
     pre_all = [batch * plen / t for t in t_pre]
     decode_all = [batch * dlen / (f - p) for p, f in zip(t_pre, t_full) if f > p]
-    best = min(t_full) - min(t_pre)
+    best = min(t_full) - min(t_pre[:len(t_full)])
     return {"decode": batch * dlen / best if best > 0 else None, "prefill": batch * plen / min(t_pre),
             "decode_all": decode_all, "prefill_all": pre_all, "prefill_s_all": t_pre, "full_s_all": t_full}
 
@@ -285,8 +297,10 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
 
     Throughput: per batch and metric (decode, prefill), the run's median over rounds against the median of
     every plugin-off round (off and off2); the threshold is ``max(min_effect, spread)``, the spread being
-    (max - min) / median of those plugin-off rounds; a point with one plugin-off round has no spread and is
-    not judged (with none judged, the verdict is the agreement's, as on the CPU). ``faster``: some point
+    (max - min) / median of those plugin-off rounds and of the rounds of every run in which no op took a call
+    (plugin off's work in another process: a third sample of the noise between processes, which two plugin-off
+    processes underestimate); a point with one such round has no spread and is not judged (with none judged,
+    the verdict is the agreement's, as on the CPU). ``faster``: some point
     above 1 + threshold and none below 1 - threshold; ``slower``: some point below; else ``neutral``.
     Agreement (real weights): the run's teacher-forced top-1 agreement with ``off`` must reach
     off-vs-off2's minus ``tolerance`` (for attention, or vLLM's TRITON_ATTN's agreement where that is
@@ -296,14 +310,21 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     """
     runs = entry["runs"]
     offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
+    idle = [r for label, run in runs.items() if not label.startswith("off") and run.get("coverage") is not None
+            and not any(_called(c) for c in run["coverage"].values())
+            for r in run.get("rounds", []) if "batches" in r]  # no op took a call: plugin off's work
     noise: dict = {"decode": {}, "prefill": {}}
     base: dict = {"decode": {}, "prefill": {}}
     for metric in noise:
         for b in entry["options"]["batches"]:
-            values = [r["batches"][str(b)][metric] for r in offs if r["batches"].get(str(b), {}).get(metric)]
+            def at(rounds):
+                return [r["batches"][str(b)][metric] for r in rounds if r["batches"].get(str(b), {}).get(metric)]
+
+            values, samples = at(offs), at(offs) + at(idle)
             if values:
                 base[metric][str(b)] = harness.median(values)
-                noise[metric][str(b)] = (max(values) - min(values)) / base[metric][str(b)] if len(values) > 1 else None
+                noise[metric][str(b)] = ((max(samples) - min(samples)) / base[metric][str(b)]
+                                         if len(samples) > 1 else None)
     off2 = (runs.get("off2") or {}).get("agreement")
     triton = (runs.get("off-triton") or {}).get("agreement")
     floor = off2["agreement"] - tolerance if off2 else None
@@ -353,14 +374,10 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         op = run.get("op", label)
         served = [o for o in (sorted(cov) if whole_set else [op]) if _served(cov.get(o))]
         if run.get("coverage") is not None and not any(_called(c) for c in cov.values()):
-            # no op took a call, not even to hand it over: the run did plugin off's work in another process
-            if verdict in ("faster", "slower"):
-                row["note"] = "; ".join(filter(None, (
-                    f"no op took a call, so the run did plugin off's work: its {verdict} ratio is the noise "
-                    "between processes, judged neutral", row["note"])))
-                verdict = "neutral"
-            else:
-                row["note"] = "; ".join(filter(None, ("no op took a call", row["note"])))
+            # no op took a call, not even to hand it over: the run did plugin off's work in another process,
+            # so its rounds are in the spread it is judged against (neutral by construction)
+            row["note"] = "; ".join(filter(None, ("no op took a call: plugin off's work, counted in the spread",
+                                                  row["note"])))
         elif not whole_set and not served:
             row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel", row["note"])))
         rows.append({**row, "verdict": verdict})
@@ -470,9 +487,10 @@ def render(doc: dict) -> str:
         out += [f"== {entry['model']} ({entry['weights']} weights, {entry['environment'].get('gpu_family')}, "
                 f"commit {str(entry.get('commit'))[:12]}, rounds {rounds}/{entry['options']['rounds']})"]
         bs = " ".join(str(b) for b in entry["options"]["batches"])
-        noise = " ".join("-" if v is None else f"{v:.1%}" for v in j["noise"]["decode"].values())
+        noise, pre_noise = (" ".join("-" if v is None else f"{v:.1%}" for v in j["noise"][m].values())
+                            for m in ("decode", "prefill"))
         agree = j["agreement_off_vs_off"]
-        out.append(f"  off-vs-off: decode spread {noise} at batch {bs}; top-1 agreement "
+        out.append(f"  off-vs-off: decode spread {noise}, prefill spread {pre_noise} at batch {bs}; top-1 agreement "
                    f"{'-' if agree is None else f'{agree:.4f}'}"
                    + (f"; off vs TRITON_ATTN {j['agreement_off_vs_triton']:.4f}"
                       if j["agreement_off_vs_triton"] else ""))

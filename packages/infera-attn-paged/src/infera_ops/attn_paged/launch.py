@@ -65,11 +65,22 @@ class SplitPolicy:
     # main kernel: no reduce launch (and no PDL), a merge of S_b / BLOCK_S dependent L2 reads in that program
     # after its own slice instead (kernels.py, MERGE); 0: the reduce kernel merges at every cap
     merge_max_slices: int = 0
+    # registers per thread the merging kernel is compiled to at most (Triton's ``maxnreg``; CUDA only), 0: the
+    # compiler's choice. The merge's live values can push the kernel past what programs_per_sm programs per SM
+    # need (sm90, hd128, Triton 3.6: 138 against 112 without the merge, so 3 programs per SM instead of 4);
+    # a cap spills a few values instead (8 bytes there), see register_budget
+    merge_max_registers: int = 0
 
 
 # Launch sizes for a GPU family without a tuning file (policy.py; sm90 has one, measured): small tiles that
 # compile without spills on sm90, gfx942, gfx950 and gfx1201 up to D = 128; the RDNA families' tuning files
 # replace what spills there (tests/test_attn_paged_compile.py compiles every family's).
+def register_budget(programs_per_sm: int, num_warps: int) -> int:
+    """Registers per thread that let ``programs_per_sm`` programs of ``num_warps`` warps share an SM's 64K
+    (NVIDIA; allocated in steps of 8 per thread, at most 255)."""
+    return min(255, 65536 // (programs_per_sm * num_warps * 32) // 8 * 8)
+
+
 def launch_config(head_size: int) -> LaunchConfig:
     if head_size <= 64:
         return LaunchConfig(block_n=64, num_warps=4, num_stages=2)
@@ -88,7 +99,8 @@ def decode_defaults(head_size: int, device) -> tuple[LaunchConfig, SplitPolicy, 
     unsplit = LaunchConfig(*tuned.unsplit) if tuned.unsplit else None
     by_group = tuple((g, LaunchConfig(*launch) if launch else None) for g, launch in tuned.unsplit_by_group)
     return (LaunchConfig(tuned.block_n, tuned.num_warps, tuned.num_stages, tuned.reduce_warps, unsplit, by_group),
-            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits, tuned.merge_max_slices),
+            SplitPolicy(tuned.programs_per_sm, tuned.split_keys, tuned.max_splits, tuned.merge_max_slices,
+                        tuned.merge_max_registers),
             tuned.pdl and pdl_supported(device))
 
 
@@ -160,7 +172,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     sequence takes up to S slices by its length under ``policy``; ``config`` the launch sizes (its
     unsplit sizes for the query group where S = 1, :meth:`LaunchConfig.for_slices`); ``pdl``
     whether the reduce is a programmatic dependent launch (only where :func:`pdl_supported`; none when the
-    policy merges in the kernel at this cap, ``SplitPolicy.merge_max_slices``); each defaults
+    policy merges in the kernel at this cap, ``SplitPolicy.merge_max_slices``, compiled to at most
+    ``merge_max_registers`` registers where set); each defaults
     to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
     sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
     """
@@ -177,6 +190,8 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     cfg = cfg.for_slices(splits, G)
     merge = 1 < splits <= policy.merge_max_slices
     use_pdl = (tuned_pdl if pdl is None else pdl and pdl_supported(q.device)) and not merge
+    capped = ({"maxnreg": policy.merge_max_registers}
+              if merge and policy.merge_max_registers and q.device.type == "cuda" and not torch.version.hip else {})
     common = dict(G=G, BLOCK_G=max(16, triton.next_power_of_2(G)), D=D, BLOCK_D=triton.next_power_of_2(D),
                   PAGE=page, BLOCK_N=cfg.block_n, HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0,
                   HAS_WINDOW=window_left >= 0, FP32_DOT=triton_dot.fp32_dot())
@@ -199,8 +214,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         out, out.stride(0), out.stride(1), part_out, part_lse, count,
         float(scale), float(softcap), int(window_left), int(policy.split_keys),
         SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, MERGE=merge, BLOCK_GM=block_gm, BLOCK_S=merge_block_s,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **common)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **capped, **common)
     if splits > 1 and not merge:
         pdl_kw = {"launch_pdl": True} if use_pdl else {}
         _paged_decode_reduce_kernel[(B, Hq)](

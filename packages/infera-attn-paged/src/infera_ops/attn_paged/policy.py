@@ -15,7 +15,8 @@ cover, uses launch.py's defaults.
 File format: ``{"decode": {"64": {...}, "128": {...}}, "prefill": {...}, "measured": {...}}`` where each
 decode entry holds ``block_n``, ``num_warps``, ``num_stages``, optionally ``reduce_warps`` (launch.LaunchConfig),
 ``programs_per_sm``, ``split_keys``, optionally ``max_splits`` (launch.SplitPolicy; default 64) and
-``merge_max_slices`` (default 0: the reduce kernel merges at every slice cap), ``pdl``, and
+``merge_max_slices`` (default 0: the reduce kernel merges at every slice cap) and ``merge_max_registers``
+(default 0: the compiler's choice), ``pdl``, and
 optionally ``unsplit`` (``{"block_n", "num_warps", "num_stages"}`` for launches whose slice cap is 1,
 launch.LaunchConfig.unsplit) and ``unsplit_by_group`` (``{"3": {...} or null, ...}``: per query heads per KV
 head, that group's unsplit launch, null for none; other groups take ``unsplit``), and each prefill entry
@@ -127,6 +128,7 @@ class DecodeSettings:
     unsplit: tuple[int, int, int] | None = None  # (block_n, num_warps, num_stages) where the slice cap is 1
     unsplit_by_group: tuple[tuple[int, tuple[int, int, int] | None], ...] = ()  # (G, launch or None) pairs
     merge_max_slices: int = 0  # the last slice merges up to this cap (launch.SplitPolicy.merge_max_slices)
+    merge_max_registers: int = 0  # the merging kernel's register cap (launch.SplitPolicy.merge_max_registers)
 
 
 @dataclass(frozen=True)
