@@ -1,8 +1,8 @@
 """Where a short generation's wall time goes, per attention backend: one engine per backend, in this process's
-children (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the engine core runs in the timed process and a profile sees
-the model runner), each timing prefill-only and full generations the way ``infera-vllm validate`` does (random
-prompts, ``max_tokens=1`` and ``1 + decode`` greedy tokens) and then profiling a few prefill-only generations
-with cProfile (the functions with the most own time, and the attention forwards' cumulative time).
+children (by default ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the engine core runs in the timed process and a
+profile sees the model runner), each timing prefill-only and full generations the way ``infera-vllm validate``
+does (random prompts, ``max_tokens=1`` and ``1 + decode`` greedy tokens) and then profiling a few prefill-only
+generations with cProfile (the functions with the most own time, and the attention forwards' cumulative time).
 
 Why: with 256-token prompts on a dummy-weight Llama-3-8B (the validation matrix), ``--attention-backend CUSTOM``
 measured a batch-1 prefill of 36-44 ms against FLASH_ATTN's 27-38 ms in the same matrix run, and decode at
@@ -17,7 +17,9 @@ and host time per layer counts; decode steps replay CUDA graphs, so there only G
 default switch: vLLM's automatic choice); ``CUSTOM-kernel`` the same with ``INFERA_ATTN_PAGED_PREFILL=kernel``
 (the ragged kernel instead of FA3 for prefill); ``CUSTOM-selected`` selected by name
 (``--attention-backend CUSTOM``); ``FLASH_ATTN-plugin`` FLASH_ATTN with the plugin loaded (its default op
-set; on Llama-3-8B none takes a call): what the loaded plugin itself costs. Writes
+set; on Llama-3-8B none takes a call): what the loaded plugin itself costs. ``--engine-process`` runs the
+engine core in its own process as validate does (its timings then compare with validate's directly; the
+profile sees only the front end). Writes
 ``e2e_step_probe.json`` (every time, the profile's top lines; with ``--kernels`` each kernel's GPU time over
 one full generation, decode steps included) and prints a table.
 """
@@ -93,7 +95,7 @@ def child(args) -> dict:
                     for f, st in stats.stats.items() if f[2] in ("forward", "do_kv_cache_update")
                     and ("attn" in f[0] or "attention" in f[0])]
         kernels = None
-        if args.kernels:  # GPU time per kernel over one full generation (decode steps replayed from CUDA graphs)
+        if args.kernels and not args.engine_process:  # GPU time per kernel over one full generation
             import torch
 
             if torch.cuda.is_available():
@@ -118,6 +120,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--kernels", action="store_true",
                         help="also each kernel's GPU time over one full generation (torch.profiler; a GPU only)")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="the engine core in its own process, as vLLM and validate run it (timings as validate's; "
+                             "the profile then sees the front end only, and --kernels nothing)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--timeout", type=float, default=240)
@@ -138,7 +143,9 @@ def main() -> int:
            "commit": os.environ.get("INFERA_COMMIT", "unknown"), "results": []}
     for label in labels:
         result = out_dir / f"e2e_step_probe_{label}.json"
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **VARIANTS[label][1])
+        env = dict(os.environ, **VARIANTS[label][1])
+        if not args.engine_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         cmd = [sys.executable, __file__, *sys.argv[1:], "--variant", label, "--result", str(result)]
         with open(out_dir / f"e2e_step_probe_{label}.log", "w") as log:
             try:

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.e2e
 @pytest.mark.cpu_build
-def test_probe_times_and_profiles_a_tiny_model(tmp_path):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["in-process", "engine-process"])
+def test_probe_times_and_profiles_a_tiny_model(tmp_path, engine_process):
     model = tmp_path / "tiny-llama"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({
@@ -26,7 +27,8 @@ def test_probe_times_and_profiles_a_tiny_model(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "e2e_step_probe.py"), "--model", str(model),
                            "--backends", "FLASH_ATTN", "--batches", "1,2", "--prompt", "16", "--decode", "4",
-                           "--repeats", "2", "--profiled", "1", "--gpu-memory-utilization", "0.2", "--out", str(out)],
+                           "--repeats", "2", "--profiled", "1", "--gpu-memory-utilization", "0.2", "--out", str(out)]
+                          + (["--engine-process"] if engine_process else []),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((out / "e2e_step_probe.json").read_text())
