@@ -50,13 +50,16 @@ def test_prefill_real_sizes():
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("merge_max_slices", [0, launch.MAX_SPLITS], ids=["reduce-kernel", "merged-in-kernel"])
+@pytest.mark.parametrize("merge_max_slices,merge_max_registers", [(0, 0), (launch.MAX_SPLITS, 0),
+                                                                    (launch.MAX_SPLITS, 128)],
+                         ids=["reduce-kernel", "merged-in-kernel", "merged-register-capped"])
 @pytest.mark.parametrize("B,Hq,Hkv,D", [(4, 32, 8, 128), (3, 64, 8, 64)])
-def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_max_slices):
+def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_max_slices, merge_max_registers):
     """One graph captured at lengths 1 (as vLLM captures) replays lengths from 1 to 40k: each sequence's
     slice count follows its length on the device (one slice at 1 key, the whole cap at 40k), the reduce
     merges exactly those, with programmatic dependent launch where the GPU has it; or the last slice of each
-    (sequence, KV head) merges them in the main kernel, its counters back at zero after every replay."""
+    (sequence, KV head) merges them in the main kernel, its counters back at zero after every replay (also
+    compiled to at most 128 registers, ``merge_max_registers``: what spills must not change the result)."""
     torch.manual_seed(0)
     max_ctx = 40_000
     pages = -(-max_ctx // 16)
@@ -66,7 +69,8 @@ def test_cuda_graph_replays_with_new_lengths(B, Hq, Hkv, D, merge_max_slices):
     q = torch.randn(B, Hq, D, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(q)
     cap = launch.split_cap(B, Hkv, q.device, head_size=D)
-    policy = replace(launch.decode_defaults(D, q.device)[1], merge_max_slices=merge_max_slices)
+    policy = replace(launch.decode_defaults(D, q.device)[1], merge_max_slices=merge_max_slices,
+                     merge_max_registers=merge_max_registers)
     ws = launch.Workspace(B * cap, Hq, D, "cuda")
     assert cap > 1  # the split path and its reduce are what the graph must hold
     launch.paged_decode(q, k, v, bt, lens, D ** -0.5, out, num_splits=cap, workspace=ws,
