@@ -310,17 +310,15 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     """
     runs = entry["runs"]
     offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
-    idle = [r for label, run in runs.items() if not label.startswith("off") and run.get("coverage") is not None
-            and not any(_called(c) for c in run["coverage"].values())
-            for r in run.get("rounds", []) if "batches" in r]  # no op took a call: plugin off's work
+    idle = [r for label, run in runs.items() if not label.startswith("off") and _took_no_call(run)
+            for r in run.get("rounds", []) if "batches" in r]  # plugin off's work in another process
     noise: dict = {"decode": {}, "prefill": {}}
     base: dict = {"decode": {}, "prefill": {}}
     for metric in noise:
         for b in entry["options"]["batches"]:
-            def at(rounds):
-                return [r["batches"][str(b)][metric] for r in rounds if r["batches"].get(str(b), {}).get(metric)]
-
-            values, samples = at(offs), at(offs) + at(idle)
+            values, extra = ([v for r in rounds if (v := r["batches"].get(str(b), {}).get(metric))]
+                             for rounds in (offs, idle))
+            samples = values + extra
             if values:
                 base[metric][str(b)] = harness.median(values)
                 noise[metric][str(b)] = ((max(samples) - min(samples)) / base[metric][str(b)]
@@ -373,7 +371,7 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
         whole_set = _whole_set(label)
         op = run.get("op", label)
         served = [o for o in (sorted(cov) if whole_set else [op]) if _served(cov.get(o))]
-        if run.get("coverage") is not None and not any(_called(c) for c in cov.values()):
+        if _took_no_call(run):
             # no op took a call, not even to hand it over: the run did plugin off's work in another process,
             # so its rounds are in the spread it is judged against (neutral by construction)
             row["note"] = "; ".join(filter(None, ("no op took a call: plugin off's work, counted in the spread",
@@ -430,6 +428,11 @@ def rows(entry: dict) -> list[dict]:
 def with_rows(doc: dict) -> dict:
     """``doc`` with each entry's :func:`rows` (derived: recomputed whenever the results are written)."""
     return {**doc, "models": [{**e, "rows": rows(e)} for e in doc["models"]]}
+
+
+def _took_no_call(run: dict) -> bool:
+    """A plugin-on run whose report shows no op taking any call: it did plugin off's work."""
+    return run.get("coverage") is not None and not any(_called(c) for c in run["coverage"].values())
 
 
 def _called(op_cov: dict | None) -> bool:

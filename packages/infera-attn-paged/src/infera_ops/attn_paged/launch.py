@@ -72,15 +72,15 @@ class SplitPolicy:
     merge_max_registers: int = 0
 
 
-# Launch sizes for a GPU family without a tuning file (policy.py; sm90 has one, measured): small tiles that
-# compile without spills on sm90, gfx942, gfx950 and gfx1201 up to D = 128; the RDNA families' tuning files
-# replace what spills there (tests/test_attn_paged_compile.py compiles every family's).
 def register_budget(programs_per_sm: int, num_warps: int) -> int:
     """Registers per thread that let ``programs_per_sm`` programs of ``num_warps`` warps share an SM's 64K
     (NVIDIA; allocated in steps of 8 per thread, at most 255)."""
     return min(255, 65536 // (programs_per_sm * num_warps * 32) // 8 * 8)
 
 
+# Launch sizes for a GPU family without a tuning file (policy.py; sm90 has one, measured): small tiles that
+# compile without spills on sm90, gfx942, gfx950 and gfx1201 up to D = 128; the RDNA families' tuning files
+# replace what spills there (tests/test_attn_paged_compile.py compiles every family's).
 def launch_config(head_size: int) -> LaunchConfig:
     if head_size <= 64:
         return LaunchConfig(block_n=64, num_warps=4, num_stages=2)

@@ -393,15 +393,15 @@ class InferaAttentionImpl(TritonAttentionImpl):
         the parent's write (its KV-cache dtype may be one only that write stores)."""
         if self._infera_layer_decline is not None:
             return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
-        key_cache, value_cache = kv_views(kv_cache, self.head_size)
         if kv_cache.device.type != "cpu":
             write = compiled_cache_write()
             if write is None or torch.cuda.is_current_stream_capturing():
                 return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
             # the slot mapping's length is the token count: key and value may be padded beyond it
-            write(key, value, key_cache, value_cache, slot_mapping, self.kv_cache_dtype, layer._k_scale,
-                  layer._v_scale)
+            write(key, value, *kv_views(kv_cache, self.head_size), slot_mapping, self.kv_cache_dtype,
+                  layer._k_scale, layer._v_scale)
             return None
+        key_cache, value_cache = kv_views(kv_cache, self.head_size)
         n = slot_mapping.shape[0]
         live = slot_mapping >= 0  # padded tokens carry slot -1
         slots = slot_mapping[live]
