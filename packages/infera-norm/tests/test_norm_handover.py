@@ -1,5 +1,6 @@
-"""The hand-overs to vLLM's own kernels (seam.py): eager launch cost, per-head norms while compiling, and
-the fused add's shapes where vllm_c measured faster. vLLM's real kernels serve; no Triton kernel runs here."""
+"""The hand-overs to vLLM's own kernels (seam.py): eager launch cost (while vLLM dispatches, and inside the ops
+when a compiled graph runs eagerly), per-head norms while compiling, and the fused add's shapes where vllm_c
+measured faster. vLLM's real kernels serve; no Triton kernel runs here."""
 
 import pytest
 import torch
@@ -57,6 +58,48 @@ def test_fused_add_op_hands_over_in_place_and_counts(monkeypatch):
     assert seen == [("vllm-c-faster", 512)]
     torch.testing.assert_close(r.float(), h_ref.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(x.float(), y_ref.float(), atol=2e-2, rtol=2e-2)
+
+
+def _vllm_c_or_skip(name):
+    op = seam._vllm_c(name)
+    if op is None:
+        pytest.skip(f"this vLLM build has no torch.ops._C.{name}")
+    return op
+
+
+def test_eager_calls_inside_the_ops_go_to_vllm_c(monkeypatch):
+    """A compiled graph run outside CUDA graphs (a prefill past the capture sizes) reaches the ops with the
+    kernel baked in: below the eager threshold each call goes to vllm_c's C++ op, counted, results exact."""
+    seen = []
+    monkeypatch.setitem(seam._handover, "vllm_c", _vllm_c_or_skip("fused_add_rms_norm"))
+    monkeypatch.setitem(seam._handover, "vllm_c_rms", _vllm_c_or_skip("rms_norm"))
+    monkeypatch.setitem(seam._handover, "eager_min", policy.EAGER_NEVER)
+    monkeypatch.setitem(seam._handover, "count", lambda reason, x: seen.append((reason, x.shape[0])))
+    monkeypatch.setitem(seam._self_check, "check", None)
+    from infera_ops.norm.reference import fused_add_rms_norm_reference, rms_norm_reference
+
+    x, r = _x(37, 1024), _x(37, 1024)
+    w = torch.randn(1024, dtype=torch.bfloat16, device=DEVICE)
+    y = torch.ops.infera.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(y.float(), rms_norm_reference(x, w, 1e-6).float(), atol=2e-2, rtol=2e-2)
+    y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+    torch.ops.infera.fused_add_rms_norm_(x, r, w, 1e-6)
+    torch.testing.assert_close(r.float(), h_ref.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(x.float(), y_ref.float(), atol=2e-2, rtol=2e-2)
+    assert seen == [("eager-launch-cost", 37), ("eager-launch-cost", 37)]
+
+
+@pytest.mark.parametrize("tokens, capturing, checking, eager_min, expected", [
+    (37, False, False, policy.EAGER_NEVER, True),
+    (37, True, False, policy.EAGER_NEVER, False),  # captured into a CUDA graph: replays cost no host time
+    (37, False, True, policy.EAGER_NEVER, False),  # the self-check looks at the kernel's first call
+    (4096, False, False, 4096, False),  # INFERA_NORM_EAGER_MIN_TOKENS=4096: from there the kernel serves
+    (4095, False, False, 4096, True),
+    (1, False, False, 0, False),  # 0: every eager call on the kernel
+])
+def test_eager_hand_over_rule(monkeypatch, tokens, capturing, checking, eager_min, expected):
+    monkeypatch.setitem(seam._handover, "eager_min", eager_min)
+    assert seam._eager_to_vllm_c(_x(tokens), capturing, checking) is expected
 
 
 @pytest.mark.parametrize("raw, expected", [("", policy.EAGER_NEVER), ("0", 0), (" 512 ", 512), ("lots", None),

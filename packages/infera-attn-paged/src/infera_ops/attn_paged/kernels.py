@@ -394,6 +394,13 @@ def _paged_prefill_kernel(
     FP32_DOT: tl.constexpr,
     UNMASKED_TILES: tl.constexpr,  # the tiles every row sees whole in their own loop, without the causal mask
 ):
+    """Ragged causal attention over the paged cache (module docstring, Prefill): program (p, h) takes query
+    block p (across the requests, first to last) of KV head h. ``q_ptr``/``out_ptr`` [T, Hq, D] and the caches
+    [num_blocks, PAGE, Hkv, D] by their strides (unit stride along D); ``block_table_ptr`` [R, pages],
+    ``seq_lens_ptr`` [R] and ``query_start_loc_ptr`` [R + 1] as vLLM passes them. Switches: HAS_SINKS (a sink
+    logit per query head in the denominator), HAS_SOFTCAP (cap · tanh(s / cap) on the logits), HAS_WINDOW
+    (keys more than ``window_left`` behind the query masked), FP32_DOT (dots in fp32: Triton's CPU
+    interpreter), UNMASKED_TILES (module docstring)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     r = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)

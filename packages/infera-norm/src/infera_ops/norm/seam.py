@@ -9,10 +9,13 @@ plugin imports this module only once the spec's checks passed (it imports torch 
 
 The IR implementations are
 thin calls into torch custom ops in the ``infera`` namespace with fake implementations, because under
-Inductor vLLM's lowering pass traces the chosen provider into the graph. ``fused_add_rms_norm`` is in
-place, as vLLM's ``vllm_c`` is: the normalised output overwrites ``x`` and the sum overwrites the
-residual, so the working set is two tensors, not four (this decided the M = 1024 rows measured in
-docs/operators/norm.md).
+Inductor vLLM's lowering pass traces the chosen provider into the graph. The ops are registered through
+vLLM's ``direct_register_custom_op`` (a schema and one kernel for every device), as vLLM registers its own:
+a call then costs about 1.5 us of dispatch, against about 15 for ``torch.library.custom_op``'s wrapper
+(timed on this project's CPU machine), which a compiled graph run outside CUDA graphs pays per call.
+``fused_add_rms_norm`` is in place, as vLLM's ``vllm_c`` is: the normalised output overwrites ``x`` and the
+sum overwrites the residual, so the working set is two tensors, not four (this decided the M = 1024 rows
+measured in docs/operators/norm.md).
 
 Per-call decisions are counted in the coverage report: ``at="call"`` for real tensors, ``at="trace"`` when
 vLLM decides on fake tensors while compiling (then the graph runs it any number of times); while Dynamo
@@ -23,13 +26,15 @@ did not start).
 
 Three hand-overs to vLLM's own kernels, counted as route ``handover`` with a reason (by design, so
 ``INFERA_VLLM_STRICT=1`` lets them through):
-- ``eager-launch-cost`` (declined in ``supports_args``, so vLLM's next provider serves): a call on real
-  tensors outside CUDA-graph capture, i.e. vLLM running eagerly. Through the torch custom op Triton's
-  Python launch costs 50-150 us of host time per call on the H200's host, vllm_c's C++ op ~5-10 us
-  (benchmarks/results/h200/norm-final/: eager rows 0.05-0.5x up to 4096 tokens, 1.0-1.15x only at
-  16384 with H >= 2048). So by default the kernel serves only calls that are captured in CUDA graphs
-  or baked into compiled graphs (decided once, at capture / trace time); ``INFERA_NORM_EAGER_MIN_TOKENS=N``
-  serves eager calls from N tokens on (0: all).
+- ``eager-launch-cost``: a call on real tensors outside CUDA-graph capture, i.e. run eagerly, where
+  Triton's Python launch costs 50-150 us of host time per call on the H200's host and vllm_c's C++ op
+  ~5-10 us (benchmarks/results/h200/norm-final/: eager rows 0.05-0.5x up to 4096 tokens, 1.0-1.15x only
+  at 16384 with H >= 2048). Decided in two places: in ``supports_args`` when vLLM runs without compiling
+  (vLLM's next provider serves), and inside the ops at run time when a compiled graph runs outside CUDA
+  graphs (a prefill past the capture sizes: the provider was baked in while compiling, and the call goes
+  to vllm_c's op where vLLM built it). So by default the kernel serves what CUDA graphs capture, whose
+  replays cost no host time; ``INFERA_NORM_EAGER_MIN_TOKENS=N`` serves eager calls from N tokens on (0:
+  all). A call the self-check wants to look at runs the kernel (checked) whatever its size.
 - ``per-head-fusion`` (declined in ``supports_args`` while compiling): an ``rms_norm`` of a per-head view
   (3-D or more, last dim <= 256: Qwen3's q/k norms over ``[tokens, heads, head_dim]``). vLLM's native
   provider traced there lets Inductor fuse both norms with the q/k/v split before them and the RoPE after
@@ -48,6 +53,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 from vllm import ir
+from vllm.utils.torch_utils import direct_register_custom_op
 
 from infera_ops.norm import launch, policy
 from infera_ops.norm.spec import SPEC
@@ -84,14 +90,20 @@ def activate(ctx) -> Decline | None:
 PROVIDER = "infera"
 
 
-def _vllm_c_fused_add():
-    """vLLM's own in-place fused add (``torch.ops._C.fused_add_rms_norm``), or None where not built."""
+def _vllm_c(name: str):
+    """vLLM's own C++ op ``torch.ops._C.<name>`` (``rms_norm``: out, x, weight, epsilon; ``fused_add_rms_norm``:
+    in place on x and residual), or None where this build has none."""
     try:
         import vllm._custom_ops  # noqa: F401  (loads vllm._C, which registers torch.ops._C)
 
-        return torch.ops._C.fused_add_rms_norm.default
+        return getattr(torch.ops._C, name).default
     except (ImportError, AttributeError, RuntimeError):
         return None
+
+
+def _vllm_c_fused_add():
+    """vLLM's own in-place fused add (``torch.ops._C.fused_add_rms_norm``), or None where not built."""
+    return _vllm_c("fused_add_rms_norm")
 
 
 _self_check: dict = {"check": None}  # set by install(): the op's infera_vllm.self_check.Checker
@@ -104,24 +116,43 @@ def _native(op_name: str):
 
 def _checked_bucket(x: Tensor):
     """(checker, bucket, capturing) for a call the self-check may look at (checker None while Dynamo traces;
-    with the check off it neither declines nor wants a call, and perturbs where a test asks it to)."""
+    with the check off it neither declines nor wants a call, and perturbs where a test asks it to);
+    ``capturing``: the call is being captured into a CUDA graph."""
+    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     check = _self_check["check"]
     if check is None or torch.compiler.is_compiling():
-        return None, "", False
-    capturing = x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return None, "", capturing
     return check, coverage.bucket_of(x.numel() // max(1, x.shape[-1])), capturing
 
 
-@torch.library.custom_op("infera::rms_norm", mutates_args=())
-def rms_norm_op(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
+# set by install(): the counter, vLLM's C++ ops (None where not built or not used), and the token count from
+# which eager calls run the kernel
+_handover = {"count": None, "vllm_c": None, "vllm_c_rms": None, "eager_min": 0}
+
+
+def _eager_to_vllm_c(x: Tensor, capturing: bool, checking: bool) -> bool:
+    """Whether this call, run eagerly (real tensors, no CUDA-graph capture: a compiled graph run past the
+    capture sizes), goes to vllm_c instead of Triton's launch (``eager-launch-cost``): below
+    ``INFERA_NORM_EAGER_MIN_TOKENS`` tokens, unless the self-check is about to look at the kernel."""
+    return not capturing and not checking and x.numel() // x.shape[-1] < _handover["eager_min"]
+
+
+def _rms_norm_op(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
     check, bucket, capturing = _checked_bucket(x)
     if check is not None and check.declined(bucket):  # a self-check mismatch: vLLM's implementation serves
         _handover["count"](self_check.MISMATCH, x)
         return _native("rms_norm")(x, weight, epsilon)
+    checking = check is not None and check.wants(bucket, capturing)
+    vllm_c = _handover["vllm_c_rms"]
+    if vllm_c is not None and weight is not None and x.is_contiguous() and _eager_to_vllm_c(x, capturing, checking):
+        _handover["count"]("eager-launch-cost", x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        vllm_c(out.view(-1, x.shape[-1]), x.view(-1, x.shape[-1]), weight, epsilon)
+        return out
     out = launch.rms_norm(x, weight, epsilon)
     if check is not None:
         check.perturb(out)
-        if check.wants(bucket, capturing):
+        if checking:
             with check.timed(bucket):
                 theirs = _native("rms_norm")(x, weight, epsilon)
             if not check.judge(bucket, out, theirs, tuple(x.shape)):
@@ -129,20 +160,15 @@ def rms_norm_op(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
     return out
 
 
-@rms_norm_op.register_fake
 def _rms_norm_fake(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-_handover = {"count": None, "vllm_c": None}  # set by install()
-
-
-@torch.library.custom_op("infera::fused_add_rms_norm_", mutates_args=("x", "residual"))
-def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
+def _fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
     vllm_c = _handover["vllm_c"]
     if vllm_c is not None and policy.vllm_c_hands_over(x.numel() // x.shape[-1], x.shape[-1]):
         _handover["count"]("vllm-c-faster", x)
-        vllm_c(x, residual, weight, epsilon)
+        vllm_c(x.view(-1, x.shape[-1]), residual.view(-1, x.shape[-1]), weight, epsilon)
         return
     check, bucket, capturing = _checked_bucket(x)
     if check is not None and check.declined(bucket):
@@ -150,7 +176,12 @@ def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor],
         out, res = _native("fused_add_rms_norm")(x.clone(), residual.clone(), weight, epsilon)
         x.copy_(out), residual.copy_(res)
         return
-    inputs = (x.clone(), residual.clone()) if check is not None and check.wants(bucket, capturing) else None
+    checking = check is not None and check.wants(bucket, capturing)
+    if vllm_c is not None and _eager_to_vllm_c(x, capturing, checking):
+        _handover["count"]("eager-launch-cost", x)
+        vllm_c(x.view(-1, x.shape[-1]), residual.view(-1, x.shape[-1]), weight, epsilon)
+        return
+    inputs = (x.clone(), residual.clone()) if checking else None
     launch.fused_add_rms_norm(x, residual, weight, epsilon, out=x, residual_out=residual)
     if check is not None:
         check.perturb(x)
@@ -161,9 +192,16 @@ def fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor],
                 x.copy_(out), residual.copy_(res)
 
 
-@fused_add_rms_norm_op.register_fake
 def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
     return None
+
+
+_LIBRARY = torch.library.Library("infera", "FRAGMENT")  # the ops live as long as it does: the process
+direct_register_custom_op("rms_norm", _rms_norm_op, mutates_args=[], fake_impl=_rms_norm_fake, target_lib=_LIBRARY,
+                          dispatch_key="CompositeExplicitAutograd")
+direct_register_custom_op("fused_add_rms_norm_", _fused_add_rms_norm_op, mutates_args=["x", "residual"],
+                          fake_impl=_fused_add_rms_norm_fake, target_lib=_LIBRARY,
+                          dispatch_key="CompositeExplicitAutograd")
 
 
 class _Counts:
@@ -192,6 +230,8 @@ def install(op_name: str, allow_cpu: bool) -> None:
     per_head_to_vllm = not policy.per_head_kernel()  # on the CPU too: its compiled graphs fuse the same way
     _handover["count"] = count
     _handover["vllm_c"] = None if allow_cpu else _vllm_c_fused_add()
+    _handover["vllm_c_rms"] = None if allow_cpu else _vllm_c("rms_norm")
+    _handover["eager_min"] = eager_min
 
     def rms_supports(x, weight, epsilon, variance_size=None):
         reason = policy.decline_reason(x, weight, variance_size, allow_cpu=allow_cpu, eager_min_tokens=eager_min,

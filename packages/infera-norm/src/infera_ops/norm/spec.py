@@ -14,6 +14,8 @@ SPEC = OpSpec(
         Symbol("vllm.ir.ops", "rms_norm.register_impl", params=_IR_PARAMS),
         Symbol("vllm.ir.ops", "fused_add_rms_norm.register_impl", params=_IR_PARAMS),
         Symbol("vllm.config.kernel", "IrOpPriorityConfig"),
+        Symbol("vllm.utils.torch_utils", "direct_register_custom_op",
+               params=("op_name", "op_func", "mutates_args", "fake_impl", "target_lib", "dispatch_key")),
     ),
     gpu_families=GPU_FAMILIES,
     activate="infera_ops.norm.seam:activate",
