@@ -150,6 +150,7 @@ def test_merge_register_cap_keeps_the_tuned_programs_per_sm(D, G):
     with mock.patch.object(policy, "family_of", lambda device: "sm90"):
         cfg, pol, _ = launch.decode_defaults(D, torch.device("cpu"))
     budget = launch.register_budget(pol.programs_per_sm, cfg.num_warps)
+    assert pol.merge_max_registers in (0, budget)  # where the file caps the merge, it is the launch checked here
     consts = dict(G=G, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=False,
                   MERGE=True, BLOCK_GM=triton.next_power_of_2(G), BLOCK_S=launch.merge_step(
                       triton.next_power_of_2(G), D, 8), **_features(False))
