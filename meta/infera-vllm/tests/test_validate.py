@@ -519,6 +519,27 @@ def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_en
     assert all(r["decode_ratio"] == 1.0 and r["prefill_ratio"] == 1.0 and r["model"] == "qwen3-8b" for r in rows)
 
 
+def test_gpu_runs_capture_the_graphs_a_default_vllm_replays_for_the_timed_steps():
+    opts = {**validate.DEFAULTS, "batches": [1, 16, 64], "prompt_tokens": 256}
+    sizes = validate.graph_sizes(opts)
+    # vLLM's own list at max_num_seqs 64 (1, 2, 4, multiples of 8 to 128), and the 256-token batch-1 prefill,
+    # which a default vLLM (largest graph 512) replays; batch 16 x 256 = 4096 tokens runs eagerly there too
+    assert sizes == [1, 2, 4, *range(8, 129, 8), 256]
+    # a prefill that is not on vLLM's list gets the graph vLLM pads it to
+    assert validate.graph_sizes({**opts, "batches": [1, 2], "prompt_tokens": 300}) == [1, 2, 4, 304]
+    assert validate.vllm_graph_sizes(512)[-3:] == [480, 496, 512] and len(validate.vllm_graph_sizes(512)) == 51
+    gpu = validate.engine_kwargs(opts, {}, max_model_len=400, gpu=True)
+    assert gpu["compilation_config"] == {"cudagraph_capture_sizes": sizes} and gpu["max_num_seqs"] == 64
+    assert "enforce_eager" not in gpu
+    cpu = validate.engine_kwargs(opts, {}, max_model_len=400, gpu=False)
+    assert cpu["enforce_eager"] is True and "compilation_config" not in cpu
+    # a preset's or a model's own vLLM arguments replace these, a compilation config whole
+    own = {"compilation_config": {"cudagraph_capture_sizes": [1, 16]}}
+    assert validate.engine_kwargs({**opts, "llm_kwargs": own}, {"max_num_seqs": 8}, max_model_len=400,
+                                  gpu=True)["compilation_config"] == own["compilation_config"]
+    assert validate.engine_kwargs(opts, {"max_num_seqs": 8}, max_model_len=400, gpu=True)["max_num_seqs"] == 8
+
+
 def test_a_presets_own_run_is_its_op_with_more_switches(fake_engine, tmp_path, monkeypatch):
     """norm-qwen3-h200's norm-heads-kernel: norm alone with INFERA_NORM_PER_HEAD_KERNEL=1, judged and shown as
     norm's; a preset's run about an op that does not run on the model is listed as not run, with why."""

@@ -150,6 +150,44 @@ def prompt_len(opts: dict, batch: int) -> int:
     return int(plen[str(batch)]) if isinstance(plen, dict) else int(plen)
 
 
+# vLLM's largest CUDA graph, in tokens, at its default max_num_seqs on CUDA GPUs (256, or 1024 on 70 GiB+ GPUs such
+# as the H200): min(2·max_num_seqs, 512)
+VLLM_DEFAULT_GRAPH_MAX = 512
+
+
+def vllm_graph_sizes(largest: int) -> list[int]:
+    """vLLM's default CUDA-graph capture list up to ``largest`` tokens: 1, 2, 4, multiples of 8 below 256, then
+    multiples of 16 (vLLM 0.26 and 0.32, ``VllmConfig._set_cudagraph_sizes``)."""
+    return [s for s in (1, 2, 4, *range(8, 256, 8), *range(256, VLLM_DEFAULT_GRAPH_MAX + 1, 16)) if s <= largest]
+
+
+def graph_sizes(opts: dict) -> list[int]:
+    """The runs' capture list on a GPU: vLLM's default list for ``max_num_seqs`` = the largest batch (every
+    timed decode step's graph), plus the graph vLLM's default list gives each timed prefill of at most 512
+    tokens. A run sizes ``max_num_seqs`` to its batches, so without the second part a 256-token batch-1
+    prefill would run eagerly (graphs up to 128 tokens at 64 sequences) where vLLM with its default
+    max_num_seqs replays a piecewise graph for it: that prefill would measure host time, which varies by tens
+    of percent between processes, instead of what a default vLLM runs."""
+    default = vllm_graph_sizes(VLLM_DEFAULT_GRAPH_MAX)
+    sizes = set(vllm_graph_sizes(2 * max(opts["batches"])))
+    for batch in opts["batches"]:
+        tokens = batch * prompt_len(opts, batch)
+        if tokens <= VLLM_DEFAULT_GRAPH_MAX:
+            sizes.add(next(s for s in default if s >= tokens))
+    return sorted(sizes)
+
+
+def engine_kwargs(opts: dict, model_kwargs: dict, *, max_model_len: int, gpu: bool) -> dict:
+    """Every run's ``vllm.LLM`` arguments: bf16, ``max_num_seqs`` the largest batch, prefix caching off; on a
+    GPU compiled with CUDA graphs at :func:`graph_sizes`, on the CPU eager. ``--llm-kwargs`` and the model's
+    own arguments (a matrix entry's ``llm_kwargs``) replace any of these, a ``compilation_config`` whole."""
+    return {"dtype": "bfloat16", "max_model_len": max_model_len, "max_num_seqs": max(opts["batches"]),
+            "enable_prefix_caching": False,
+            **({"gpu_memory_utilization": 0.85, "compilation_config": {"cudagraph_capture_sizes": graph_sizes(opts)}}
+               if gpu else {"enforce_eager": True, "gpu_memory_utilization": 0.2}),
+            **opts["llm_kwargs"], **model_kwargs}
+
+
 def _spawn(cfg: dict, env: dict, work: str) -> dict:
     os.makedirs(work, exist_ok=True)
     cfg_path, out_path, log_path = (os.path.join(work, n) for n in ("config.json", "result.json", "log.txt"))
@@ -851,11 +889,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
         longest = max(prompt_len(opts, b) for b in opts["batches"])
         need = max(opts["agreement_tokens"] if m["weights"] != "dummy" else 0, longest + opts["decode_tokens"] + 1)
-        base_llm = {"dtype": "bfloat16", "max_model_len": need + 16, "max_num_seqs": max(opts["batches"]),
-                    "enable_prefix_caching": False,
-                    **({"gpu_memory_utilization": 0.85} if gpu else
-                       {"enforce_eager": True, "gpu_memory_utilization": 0.2}),
-                    **opts["llm_kwargs"], **m["llm_kwargs"]}
+        base_llm = engine_kwargs(opts, m["llm_kwargs"], max_model_len=need + 16, gpu=gpu)
         keep = ("gpu_family", "gpu_detail", "vllm", "torch", "triton", "cuda_runtime", "driver")
         entry = old or {**fresh, "environment": {k: env_info.get(k) for k in keep},
                         "throughput_meaningful": gpu and os.environ.get("TRITON_INTERPRET") != "1",
