@@ -6,10 +6,13 @@ generations with cProfile (the functions with the most own time, and the attenti
 
 Why: with 256-token prompts on a dummy-weight Llama-3-8B (the validation matrix), ``--attention-backend CUSTOM``
 measured a batch-1 prefill of 36-44 ms against FLASH_ATTN's 27-38 ms in the same matrix run, and decode at
-batch 16 0.94x, where the decode kernel alone is 0.99x FA3 at those lengths. A 256-token prompt is beyond
-vLLM's CUDA-graph sizes there (``max_num_seqs`` 64: graphs up to 128 tokens), so its forward runs eagerly
-and host time per layer counts; decode steps replay CUDA graphs, so there only GPU time counts
-(``--kernels``). The probe names where each difference is spent.
+batch 16 0.94x, where the decode kernel alone is 0.99x FA3 at those lengths. A 256-token prompt was beyond
+those runs' CUDA-graph sizes (``max_num_seqs`` 64: graphs up to 128 tokens), so its forward ran eagerly and
+host time per layer counted; decode steps replay CUDA graphs, so there only GPU time counts (``--kernels``).
+The probe names where each difference is spent. It captures the graphs validate captures
+(``validate.graph_sizes``: a default vLLM's graph for each prefill of at most 512 tokens, so the 256-token
+prefill replays a piecewise graph and only attention runs eagerly between its pieces); ``--eager-prefill``
+captures vLLM's list for ``--max-num-seqs`` alone, as those runs did.
 
     python3 benchmarks/e2e_step_probe.py --model DIR --backends FLASH_ATTN,TRITON_ATTN,CUSTOM --out $OUT
 
@@ -60,11 +63,14 @@ def child(args) -> dict:
 
     from vllm import LLM, SamplingParams
 
-    from infera_vllm.validate import time_generations
+    from infera_vllm.validate import graph_sizes, time_generations
 
     backend = VARIANTS[args.variant][0]
     kwargs = dict(max_model_len=args.prompt + args.decode + 17, max_num_seqs=args.max_num_seqs,
                   enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization)
+    if not args.eager_prefill:  # the graphs validate captures: a default vLLM's for these prefills
+        sizes = graph_sizes(args.max_num_seqs, [b * args.prompt for b in args.batches])
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     if backend is not None:
         kwargs["attention_config"] = {"backend": backend}
     if not args.real_weights:
@@ -124,6 +130,9 @@ def main() -> int:
                         help="the engine core in its own process, as vLLM and validate run it (timings as validate's; "
                              "the profile then sees the front end only, and --kernels nothing)")
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--eager-prefill", action="store_true",
+                        help="vLLM's graphs for --max-num-seqs only (a 256-token prefill then runs eagerly), not "
+                             "validate's, which add each prefill's graph up to 512 tokens")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--out", default=".")

@@ -521,12 +521,12 @@ def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_en
 
 def test_gpu_runs_capture_the_graphs_a_default_vllm_replays_for_the_timed_steps():
     opts = {**validate.DEFAULTS, "batches": [1, 16, 64], "prompt_tokens": 256}
-    sizes = validate.graph_sizes(opts)
+    sizes = validate.graph_sizes(64, [256, 16 * 256, 64 * 256])
     # vLLM's own list at max_num_seqs 64 (1, 2, 4, multiples of 8 to 128), and the 256-token batch-1 prefill,
     # which a default vLLM (largest graph 512) replays; batch 16 x 256 = 4096 tokens runs eagerly there too
     assert sizes == [1, 2, 4, *range(8, 129, 8), 256]
     # a prefill that is not on vLLM's list gets the graph vLLM pads it to
-    assert validate.graph_sizes({**opts, "batches": [1, 2], "prompt_tokens": 300}) == [1, 2, 4, 304]
+    assert validate.graph_sizes(2, [300, 600]) == [1, 2, 4, 304]
     assert validate.vllm_graph_sizes(512)[-3:] == [480, 496, 512] and len(validate.vllm_graph_sizes(512)) == 51
     gpu = validate.engine_kwargs(opts, {}, max_model_len=400, gpu=True)
     assert gpu["compilation_config"] == {"cudagraph_capture_sizes": sizes} and gpu["max_num_seqs"] == 64

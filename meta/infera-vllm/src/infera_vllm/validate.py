@@ -161,19 +161,17 @@ def vllm_graph_sizes(largest: int) -> list[int]:
     return [s for s in (1, 2, 4, *range(8, 256, 8), *range(256, VLLM_DEFAULT_GRAPH_MAX + 1, 16)) if s <= largest]
 
 
-def graph_sizes(opts: dict) -> list[int]:
-    """The runs' capture list on a GPU: vLLM's default list for ``max_num_seqs`` = the largest batch (every
-    timed decode step's graph), plus the graph vLLM's default list gives each timed prefill of at most 512
-    tokens. A run sizes ``max_num_seqs`` to its batches, so without the second part a 256-token batch-1
-    prefill would run eagerly (graphs up to 128 tokens at 64 sequences) where vLLM with its default
-    max_num_seqs replays a piecewise graph for it: that prefill would measure host time, which varies by tens
-    of percent between processes, instead of what a default vLLM runs."""
+def graph_sizes(max_num_seqs: int, prefill_tokens) -> list[int]:
+    """A run's capture list on a GPU: vLLM's default list for ``max_num_seqs`` (every decode step's graph up
+    to that batch), plus the graph vLLM's default list gives each of ``prefill_tokens`` (the timed prefills'
+    token counts) of at most 512. A run sizes ``max_num_seqs`` to its batches, so without the second part a
+    256-token batch-1 prefill would run eagerly (graphs up to 128 tokens at 64 sequences) where vLLM with its
+    default max_num_seqs replays a piecewise graph for it: that prefill would measure host time, which varies
+    by tens of percent between processes, instead of what a default vLLM runs."""
     default = vllm_graph_sizes(VLLM_DEFAULT_GRAPH_MAX)
-    sizes = set(vllm_graph_sizes(2 * max(opts["batches"])))
-    for batch in opts["batches"]:
-        tokens = batch * prompt_len(opts, batch)
-        if tokens <= VLLM_DEFAULT_GRAPH_MAX:
-            sizes.add(next(s for s in default if s >= tokens))
+    sizes = set(vllm_graph_sizes(2 * max_num_seqs))
+    sizes.update(next(s for s in default if s >= tokens) for tokens in prefill_tokens
+                 if tokens <= VLLM_DEFAULT_GRAPH_MAX)
     return sorted(sizes)
 
 
@@ -181,10 +179,11 @@ def engine_kwargs(opts: dict, model_kwargs: dict, *, max_model_len: int, gpu: bo
     """Every run's ``vllm.LLM`` arguments: bf16, ``max_num_seqs`` the largest batch, prefix caching off; on a
     GPU compiled with CUDA graphs at :func:`graph_sizes`, on the CPU eager. ``--llm-kwargs`` and the model's
     own arguments (a matrix entry's ``llm_kwargs``) replace any of these, a ``compilation_config`` whole."""
-    return {"dtype": "bfloat16", "max_model_len": max_model_len, "max_num_seqs": max(opts["batches"]),
-            "enable_prefix_caching": False,
-            **({"gpu_memory_utilization": 0.85, "compilation_config": {"cudagraph_capture_sizes": graph_sizes(opts)}}
-               if gpu else {"enforce_eager": True, "gpu_memory_utilization": 0.2}),
+    seqs = max(opts["batches"])
+    graphs = {"cudagraph_capture_sizes": graph_sizes(seqs, [b * prompt_len(opts, b) for b in opts["batches"]])}
+    return {"dtype": "bfloat16", "max_model_len": max_model_len, "max_num_seqs": seqs, "enable_prefix_caching": False,
+            **({"gpu_memory_utilization": 0.85, "compilation_config": graphs} if gpu else
+               {"enforce_eager": True, "gpu_memory_utilization": 0.2}),
             **opts["llm_kwargs"], **model_kwargs}
 
 
