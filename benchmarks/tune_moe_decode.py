@@ -2,10 +2,10 @@
 
 1. profile: vLLM's ``fused_experts`` (Triton) at M in TOKENS for every dims in bench_moe_decode.DIMS,
    CUDA-graph replays with a cold L2 (bench_moe_decode.Case);
-2. tune, per M and per form (split, persistent; fused up to FUSED_UP_TO tokens, split_sum up to
-   SPLIT_SUM_UP_TO; ``--forms`` picks them): coordinate descent over the launch parameters (SPLIT_SPACE,
-   FUSED_SPACE, PERSISTENT_SPACE, SPLIT_SUM_SPACE: each parameter
-   swept in turn with the others at their best so far,
+2. tune, per M and per form (split, persistent; fused, split_sum and stream up to FUSED_UP_TO,
+   SPLIT_SUM_UP_TO and STREAM_UP_TO tokens; ``--forms`` picks them): coordinate descent over the launch
+   parameters (SEARCH: each form's first launch and space; each parameter swept in turn with the others at
+   their best so far,
    PASSES times; the sweep order puts the largest effects first), "best" =
    the highest geometric mean of the speedup over vLLM across the dims (one file serves every model: the
    ``min_programs`` rule fits BLOCK_I to each model's expert size); candidates with a wrong answer excluded;
@@ -24,7 +24,7 @@
    again, so a lookup that disagrees with the sweep can never ship a slower launch; table + JSON (every
    candidate's time per dims and M too) under results/<gpu>/.
 
-    python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,fused,persistent,split_sum]
+    python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,...,stream]
                                          [--baseline policy.json] [--reuse tune_moe_decode.json] [--out DIR]
 
 The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_DECODE_TUNING.
@@ -69,7 +69,18 @@ SPLIT_SUM_START = dict(form="split_sum", block_i=64, block_h=128, block_n=16, bl
 SPLIT_SUM_SPACE = {"split_i": (1, 2, 4, 8), "block_n": (16, 32, 64), "block_k": (64, 128, 256), "pdl": (False, True),
                    "block_i": (32, 64, 128), "fill_per_sm": (0, 1), "num_stages": (3, 4, 5), "num_warps": (2, 4),
                    "min_programs": (0, 264)}
-FORMS = ("split", "fused", "persistent", "split_sum")
+STREAM_UP_TO = 4  # the stream form is tried up to this M (it does not group tokens by expert either)
+STREAM_START = dict(form="stream", block_i=16, block_h=256, block_n=16, block_k=128, num_warps=4, num_stages=4,
+                    programs_per_sm=1, prefetch_down=False)
+STREAM_SPACE = {"prefetch_down": (False, True), "programs_per_sm": (1, 2), "block_h": (128, 256),
+                "num_stages": (3, 4, 5), "block_i": (16, 32), "block_n": (16, 32), "block_k": (64, 128, 256),
+                "num_warps": (4, 8)}
+# form: (first launch, the space its descent sweeps, the largest M it is tried at)
+SEARCH = {"split": (SPLIT_START, SPLIT_SPACE, None), "fused": (FUSED_START, FUSED_SPACE, FUSED_UP_TO),
+          "persistent": (PERSISTENT_START, PERSISTENT_SPACE, None),
+          "split_sum": (SPLIT_SUM_START, SPLIT_SUM_SPACE, SPLIT_SUM_UP_TO),
+          "stream": (STREAM_START, STREAM_SPACE, STREAM_UP_TO)}
+FORMS = tuple(SEARCH)
 
 
 class Scorer:
@@ -160,24 +171,19 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
             if str(M) not in reuse:
                 raise ValueError(f"--reuse: no recorded sweep at M={M}")
             score = RecordedScorer(reuse[str(M)])
-            split, fused, persistent, split_sum = (score.best_of(f) if f in forms else None
-                                                   for f in ("split", "fused", "persistent", "split_sum"))
+            bests = {f: score.best_of(f) if f in forms else None for f in FORMS}
         else:
             score = Scorer(weights, M, gen)
 
             def cost(p, score=score):  # the geometric-mean speedup over vLLM, highest first
                 return -score(p)[0]
 
-            split = descend(cost, SPLIT_START, SPLIT_SPACE, PASSES) if "split" in forms else None
-            fused = (descend(cost, FUSED_START, FUSED_SPACE, PASSES)
-                     if "fused" in forms and M <= FUSED_UP_TO else None)
-            persistent = descend(cost, PERSISTENT_START, PERSISTENT_SPACE, PASSES) if "persistent" in forms else None
-            split_sum = (descend(cost, SPLIT_SUM_START, SPLIT_SUM_SPACE, PASSES)
-                         if "split_sum" in forms and M <= SPLIT_SUM_UP_TO else None)
+            bests = {f: descend(cost, start, space, PASSES) if f in forms and (up_to is None or M <= up_to) else None
+                     for f, (start, space, up_to) in SEARCH.items()}
         kept = base.config_for(M).as_dict() if base else None
         if kept is not None and reuse is not None and tuple(sorted(kept.items())) not in score.seen:
             kept = None  # not timed in the recorded run: no time to compare
-        candidates = list(filter(None, (fused, split, persistent, split_sum, kept)))
+        candidates = list(filter(None, (*bests.values(), kept)))
         best = max(candidates, key=lambda p: score(p)[0])
         gm, _ = score(best)
         by_tokens[str(M)] = best
@@ -187,13 +193,12 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
             t = score(mine)[1][i]
             if mine != best:
                 by_shape.setdefault(policy.shape_key(*DIMS[dims]), {})[str(M)] = mine
-            bests = {f"{name}_best_us": score(p)[1][i] if p else None
-                     for name, p in (("split", split), ("fused", fused), ("persistent", persistent),
-                                     ("split_sum", split_sum), ("baseline", kept))}
+            form_us = {f"{name}_best_us": score(p)[1][i] if p else None
+                       for name, p in (*bests.items(), ("baseline", kept))}
             rows.append({"dims": dims, "M": M, "vllm_us": v, "tuned_us": t, "speedup": v / t, "config": mine,
-                         **bests})
+                         **form_us})
             print(f"M={M:<3} {dims:<17} vLLM {v:8.1f} us | tuned {t:8.1f} us x{v / t:.2f} ("
-                  + ", ".join(f"{k[:-8]} {u:.1f}" for k, u in bests.items() if u is not None) + ")", flush=True)
+                  + ", ".join(f"{k[:-8]} {u:.1f}" for k, u in form_us.items() if u is not None) + ")", flush=True)
         print(f"M={M:<3} geomean x{gm:.3f} over {len(score.seen)} candidates: {best}", flush=True)
         swept[str(M)] = {"dims": list(DIMS), "vllm_us": score.vllm_us,
                          "candidates": [{"params": dict(key), "geomean_speedup": sc, "us": times}

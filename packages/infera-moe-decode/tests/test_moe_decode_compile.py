@@ -4,8 +4,8 @@ of time, no GPU needed). Launches are not checked here.
 
 Launches: each entry of the family's packaged tuning file (sm90; ``by_tokens`` and ``by_shape``), else the
 family's defaults (``policy.default_config``, in every form: what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves on
-a family without a file); the persistent and split_sum forms and the split form with ``early_down`` at the
-defaults too where the file has no such entry. ``INFERA_AOT_FAMILY`` picks the families (the nox session of a
+a family without a file); the persistent, split_sum and stream forms and the split form with ``early_down``
+at the defaults too where the file has no such entry. ``INFERA_AOT_FAMILY`` picks the families (the nox session of a
 family sets its own); unset: all of them.
 """
 
@@ -27,6 +27,7 @@ from infera_ops.moe_decode.kernels import (  # noqa: E402
     _moe_fused_kernel,
     _moe_gate_up_kernel,
     _moe_persistent_kernel,
+    _moe_stream_kernel,
     _row_sum_kernel,
 )
 from infera_ops.moe_decode.launch import FORMS, LaunchConfig, block_m, block_mk  # noqa: E402
@@ -49,7 +50,7 @@ def _launches(family: str) -> list[tuple[str, LaunchConfig]]:
                                                                                    key=lambda kv: int(kv[0]))]
         launches += [(f"{shape} M<={bound}", LaunchConfig(**cfg)) for shape, entries in doc.get("by_shape", {}).items()
                      for bound, cfg in entries.items()]
-        for form in ("persistent", "split_sum"):
+        for form in ("persistent", "split_sum", "stream"):
             if all(cfg.form != form for _, cfg in launches):
                 launches.append((f"defaults {form}", policy.default_config(family, form)))
         if all(not cfg.early_down for _, cfg in launches):
@@ -88,6 +89,16 @@ def compile_cases(family: str) -> list[aot.Case]:
                                       tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                                       BLOCK_K=cfg.block_k, USE_PDL=pdl)),
                                   known_misfit=KNOWN_MISFITS.get((family, f"persistent {label}"))))
+        elif cfg.form == "stream":
+            prefetch = cfg.prefetch_down and pdl_family
+            cases.append(aot.Case(_moe_stream_kernel, f"stream {label}", settings + f" BLOCK_H={cfg.block_h} "
+                                  f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k}" + (" prefetch" if prefetch else ""),
+                                  dict(common, constexprs=dict(
+                                      BLOCK_MK=tiles["BLOCK_MK"], BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h,
+                                      BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=False, PREFETCH_DOWN=prefetch,
+                                      PREFETCH_BLOCK=launch.PREFETCH_BLOCK)),
+                                  known_misfit=KNOWN_MISFITS.get((family, f"stream {label}"))))
+            continue  # the kernel writes the sums: no row-sum launch
         elif cfg.form == "split_sum":
             cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", settings, dict(common, constexprs=dict(
                 tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=False,

@@ -25,8 +25,11 @@ SMALL_SPLIT_SUM = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, 
 # fewer tiles); most cases have shares that end inside a slot
 SMALL_SPLIT_SUM_I = launch.LaunchConfig(form="split_sum", block_i=16, block_h=32, block_n=16, block_k=16,
                                         split_i=3)
-FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I],
-                                ids=["split", "fused", "persistent", "split_sum", "split_sum_i"])
+# 3 chunks of each kind (the interpreter's one program takes them in turn): units split across chunks unevenly
+SMALL_STREAM = launch.LaunchConfig(form="stream", block_i=16, block_h=32, block_n=16, block_k=16, programs_per_sm=3)
+FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_FUSED, SMALL_PERSISTENT, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I,
+                                           SMALL_STREAM],
+                                ids=["split", "fused", "persistent", "split_sum", "split_sum_i", "stream"])
 
 
 def _routing(M, E, topk, gen):
@@ -195,12 +198,16 @@ def test_every_shipped_tuning_config_is_correct(family, monkeypatch):
         _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
 
 
-def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
-    """The persistent form's counters (tickets, programs done, per-expert readiness) are zero after every
+@pytest.mark.parametrize("cfg", [
+    launch.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16),
+    launch.LaunchConfig(form="stream", block_i=16, block_h=32, block_n=16, block_k=16, prefetch_down=True)],
+    ids=["persistent", "stream"])
+def test_ticket_forms_leave_their_counters_zero_and_replay_in_a_cuda_graph(cfg):
+    """The persistent and stream forms' counters (tickets, programs done, readiness) are zero after every
     launch, so the next launch, or the next replay of a CUDA graph that captured it, starts clean; on a GPU
-    the same launches captured in one graph and replayed give the eager answers (every program of one per
-    SM taking tickets, down items waiting on their experts)."""
-    cfg = launch.LaunchConfig(form="persistent", block_i=16, block_h=32, block_n=32, block_k=16)
+    the same launches captured in one graph and replayed give the eager answers (every program taking
+    tickets, down work waiting on the gate/up work it needs; the stream form's down chunks asking L2 for
+    their weights first)."""
     cases = [_case(M, 136, 72, 12, 4, torch.bfloat16, seed=40 + M) for M in (1, 3, 8)]
     for x, w13, w2, ids, weights in cases:
         _check(launch.moe_experts(x, w13, w2, weights, ids, config=cfg),
@@ -232,16 +239,19 @@ def test_persistent_leaves_its_counters_zero_and_replays_in_a_cuda_graph():
 @pytest.mark.parametrize("form, per_sm, early, fill", [
     ("split", 1, False, 0), ("split", 1, True, 0), ("fused", 1, False, 0), ("persistent", 1, False, 0),
     ("persistent", 3, False, 0), ("persistent", 64, False, 0), ("split_sum", 1, False, 0), ("split", 1, False, 1),
-    ("split_sum", 1, False, 1), ("split_sum", 4, False, 1)])
+    ("split_sum", 1, False, 1), ("split_sum", 4, False, 1), ("stream", 1, False, 0), ("stream", 64, True, 0)])
 def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early, fill):
     """Qwen3-30B-A3B's expert shape (E128 H2048 I768 top-8) at decode batch sizes, every form; the split one
     also with the down kernel started early (PDL, prefetching W2 before it waits); the persistent one also
     with far more programs than the GPU holds at once (64 per SM), which its tickets must survive; the split
     forms also with the gate/up columns cut to fill the SMs (48 of the 64-row tile at M = 1 on an H200), the
-    split_sum one also with its down pass over 4 shares of I merged in the kernel."""
+    split_sum one also with its down pass over 4 shares of I merged in the kernel; the stream one with one
+    program per SM, and with 64 per SM (more than fit at once: its tickets must survive) and its L2
+    prefetch of the down weights."""
     x, w13, w2, ids, weights = _case(M, 2048, 768, 128, 8, torch.bfloat16, seed=M)
     out = torch.full((M, 2048), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    cfg = launch.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm, early_down=early,
+    cfg = launch.LaunchConfig(form=form, block_i=64 if fill else 32, programs_per_sm=per_sm,
+                              early_down=early and form == "split", prefetch_down=early and form == "stream",
                               fill_per_sm=fill, split_i=per_sm if form == "split_sum" else 1)
     launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)

@@ -19,7 +19,7 @@ An expert id below zero (an expert another rank holds under expert parallel, aft
 contributes nothing: the program at that position writes its own partial row as zeros (a token may have
 several such slots, so they are not grouped).
 
-Four forms, all deterministic (the result does not depend on which program finishes first):
+Five forms, all deterministic (the result does not depend on which program finishes first):
 
 - fused (``_moe_fused_kernel``, grid = positions x I-blocks): each program computes one I-block of ``a``
   (reading 2·BLOCK_I rows of W13) and at once its share of the down projection, ``r · W2[e][:, block] @ a``
@@ -38,6 +38,11 @@ Four forms, all deterministic (the result does not depend on which program finis
   ``split_i`` > 1, several programs per column block over shares of its expert tiles, merged in the
   kernel); each token reads its experts' W2 rows itself (no grouping in the down pass), so it suits one or
   a few tokens.
+- stream (``_moe_stream_kernel``, one launch of a few programs per SM, no grouping at all): every program
+  streams one balanced chunk of the gate/up weights and then one of the down weights, each chunk one
+  pipelined loop across its units and experts, the top-k sum inside; the down chunks wait for all gate/up
+  chunks (a counter) and may ask L2 for their W2 rows first. One launch and one pipeline fill per program
+  instead of two launches, for one or a few tokens.
 
 In the split form each kernel has a fixed cost (its first loads, its last programs finishing alone) of
 several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
@@ -496,6 +501,165 @@ def _moe_persistent_kernel(
         tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
     if USE_PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def _moe_stream_kernel(
+    x_ptr,  # [M, H]
+    x_row_stride,
+    w13_ptr,  # [E, 2I, H], unit stride along H
+    w13_expert_stride,
+    w13_row_stride,
+    w2_ptr,  # [E, H, I], unit stride along I
+    w2_expert_stride,
+    w2_row_stride,
+    topk_ids_ptr,  # [MK] flat, position m·TOPK + k (an id below zero: an expert held elsewhere)
+    topk_weights_ptr,  # [MK] router weights (any float dtype, read as fp32)
+    act_ptr,  # [MK, I] scratch: silu(gate) * up per position, in the weights' dtype
+    act_row_stride,
+    out_ptr,  # [M, H] out, in the output dtype
+    out_row_stride,
+    sync_ptr,  # int32 [3], zero on entry and left zero: next ticket, programs out, gate/up chunks done
+    M,
+    H,
+    I,
+    TOPK,
+    BLOCK_MK: tl.constexpr,  # next power of two >= M·TOPK: every position's expert id held in registers
+    BLOCK_I: tl.constexpr,  # gate/up unit: columns of I (one position's)
+    BLOCK_H: tl.constexpr,  # gate/up reduction chunk along H
+    BLOCK_N: tl.constexpr,  # down unit: columns of H (one token's, all its TOPK experts)
+    BLOCK_K: tl.constexpr,  # down reduction chunk along I
+    FP32_DOT: tl.constexpr,
+    PREFETCH_DOWN: tl.constexpr,  # CUDA: before its wait, a down chunk asks L2 for its W2 rows (evict_last)
+    PREFETCH_BLOCK: tl.constexpr,  # addresses per prefetch step, one per 128-byte line
+):
+    """Both projections in one launch of P programs, each streaming its weights in one pipelined loop.
+
+    The work is cut into 2·P chunks: chunk q < P holds the gate/up units [q·U/P, (q+1)·U/P) of the U =
+    MK·cdiv(I, BLOCK_I) units (position j = u // n_I, its BLOCK_I columns of I: ``a_j[cols] =
+    silu(W13[e_j, cols] @ x) * (W13[e_j, I + cols] @ x)``), chunk P + q the down units [q·D/P, (q+1)·D/P)
+    of the D = M·cdiv(H, BLOCK_N) units (token m, its BLOCK_N columns of H: ``out_m[cols] = sum_k r_mk ·
+    (W2[e_mk][cols, :] @ a_mk)``, the top-k sum inside, as ``_moe_down_sum_kernel`` has it). A chunk's units
+    are one flat loop over their (unit, chunk of H) or (unit, slot, chunk of I) tiles, the unit and expert
+    from the loop index, so the load pipeline runs across units and experts without refilling: at decode
+    sizes the loss is each pipeline's fill and drain (several microseconds per launch at M = 1 on
+    Qwen3-30B-A3B dims), and this form has one per program instead of one per launch and unit.
+
+    Each program takes chunks from a ticket counter, in ascending order; a gate/up chunk stores its
+    activations and counts itself done (release); a down chunk first asks L2 for its W2 rows
+    (``PREFETCH_DOWN``, while the last gate/up chunks still stream), then waits until all P gate/up chunks
+    are done (acquire), then reads the activations past L1. No wait can deadlock, whatever the grid and
+    however many of its programs are resident: every gate/up chunk precedes every down chunk, so a waiting
+    program waits only on chunks taken by programs that are running and that never wait while holding
+    them. With P programs resident (one per SM) each takes one chunk of each kind. The last program out
+    zeroes the counters for the next launch (a CUDA graph replays with them zero). Deterministic: every
+    output element is written by one program in a fixed order.
+
+    Positions are not grouped by expert: tokens that share an expert each read it (the form for one or a
+    few tokens). An expert id below zero reads nothing and adds zero. Each token is row 0 of a 16-row tile
+    (``tl.dot``'s smallest M; the other rows are zeros). Every position's expert id is loaded once into
+    registers and picked per tile by position: a weight address that came from a load inside the loop
+    would keep the pipeliner from running the loads ahead (as in ``_moe_down_sum_kernel``)."""
+    P = tl.num_programs(0)
+    n_i = tl.cdiv(I, BLOCK_I)
+    n_hc = tl.cdiv(H, BLOCK_H)
+    n_h = tl.cdiv(H, BLOCK_N)
+    n_kc = tl.cdiv(I, BLOCK_K)
+    units_up = M * TOPK * n_i
+    units_down = M * n_h
+    tiles_down = TOPK * n_kc  # per down unit
+    rows = tl.arange(0, 16)
+    row0 = rows == 0
+    done_ptr = sync_ptr + 2
+    positions = tl.arange(0, BLOCK_MK)
+    ids = tl.load(topk_ids_ptr + positions, mask=positions < M * TOPK, other=-1).to(tl.int64)
+    t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+    while t < 2 * P:
+        if t < P:
+            acc_gate = tl.zeros((16, BLOCK_I), dtype=tl.float32)
+            acc_up = tl.zeros((16, BLOCK_I), dtype=tl.float32)
+            for s in range((t * units_up // P) * n_hc, ((t + 1) * units_up // P) * n_hc):
+                u = s // n_hc
+                hc = s - u * n_hc
+                j = u // n_i
+                e = tl.sum(tl.where(positions == j, ids, 0), axis=0)
+                cols = (u - j * n_i) * BLOCK_I + tl.arange(0, BLOCK_I)
+                col_ok = cols < tl.where(e >= 0, I, 0)  # an expert held elsewhere: nothing loaded
+                h = hc * BLOCK_H + tl.arange(0, BLOCK_H)
+                h_ok = h < H
+                xt = tl.load(x_ptr + (j // TOPK) * x_row_stride + rows[:, None] * 0 + h[None, :],
+                             mask=row0[:, None] & h_ok[None, :], other=0.0)
+                w_gate = (w13_ptr + tl.maximum(e, 0) * w13_expert_stride + cols[None, :].to(tl.int64) * w13_row_stride
+                          + h[:, None])
+                w_mask = h_ok[:, None] & col_ok[None, :]
+                if PREFETCH_DOWN:  # keep the W2 lines the down chunks ask L2 for
+                    gate = tl.load(w_gate, mask=w_mask, other=0.0, eviction_policy="evict_first")
+                    up = tl.load(w_gate + I * w13_row_stride, mask=w_mask, other=0.0, eviction_policy="evict_first")
+                else:
+                    gate = tl.load(w_gate, mask=w_mask, other=0.0)
+                    up = tl.load(w_gate + I * w13_row_stride, mask=w_mask, other=0.0)
+                acc_gate = _dot(xt, gate, acc_gate, FP32_DOT)
+                acc_up = _dot(xt, up, acc_up, FP32_DOT)
+                if hc == n_hc - 1:  # the unit's last chunk of H: its activations
+                    act = tl.sum(acc_gate * tl.sigmoid(acc_gate) * acc_up, axis=0)  # rows 1..15 are zeros
+                    tl.store(act_ptr + j * act_row_stride + cols, act.to(act_ptr.dtype.element_ty), mask=col_ok)
+                    acc_gate = tl.zeros((16, BLOCK_I), dtype=tl.float32)
+                    acc_up = tl.zeros((16, BLOCK_I), dtype=tl.float32)
+            tl.debug_barrier()  # every thread's stores before the release
+            tl.atomic_add(done_ptr, 1, sem="release", scope="gpu")
+        else:
+            q = t - P
+            v_first = q * units_down // P
+            v_end = (q + 1) * units_down // P
+            if PREFETCH_DOWN:
+                line = 128 // w2_ptr.dtype.element_ty.primitive_bitwidth * 8  # elements per 128-byte line
+                lines = tl.cdiv(I, line)  # per W2 row
+                for p in range(v_first * TOPK, v_end * TOPK):  # (unit, slot) pairs: BLOCK_N rows of one expert
+                    v = p // TOPK
+                    m = v // n_h
+                    e = tl.sum(tl.where(positions == m * TOPK + (p - v * TOPK), ids, 0), axis=0)
+                    first_row = (v - m * n_h) * BLOCK_N
+                    base = w2_ptr + tl.maximum(e, 0) * w2_expert_stride + first_row.to(tl.int64) * w2_row_stride
+                    for off in range(0, BLOCK_N * lines, PREFETCH_BLOCK):
+                        idx = off + tl.arange(0, PREFETCH_BLOCK)
+                        r = idx // lines
+                        _prefetch_l2_keep(base + r.to(tl.int64) * w2_row_stride + (idx - r * lines) * line,
+                                          (idx < BLOCK_N * lines) & (first_row + r < H) & (e >= 0))
+            ready = tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu")
+            while ready < P:
+                ready = tl.atomic_add(done_ptr, 0, sem="acquire", scope="gpu")
+            tl.debug_barrier()
+            acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in range(v_first * tiles_down, v_end * tiles_down):
+                v = s // tiles_down
+                rest = s - v * tiles_down
+                k_slot = rest // n_kc
+                chunk = rest - k_slot * n_kc
+                m = v // n_h
+                j = m * TOPK + k_slot
+                e = tl.sum(tl.where(positions == j, ids, 0), axis=0)
+                cols = (v - m * n_h) * BLOCK_N + tl.arange(0, BLOCK_N)
+                col_ok = cols < H
+                k = chunk * BLOCK_K + tl.arange(0, BLOCK_K)
+                k_ok = k < tl.where(e >= 0, I, 0)
+                a = tl.load(act_ptr + j * act_row_stride + rows[:, None] * 0 + k[None, :],
+                            mask=row0[:, None] & k_ok[None, :], other=0.0, cache_modifier=".cg")
+                w = tl.load(w2_ptr + tl.maximum(e, 0) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
+                            + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                acc = _dot(a, w, acc, FP32_DOT)
+                if chunk == n_kc - 1:  # the slot's last chunk of I: add it, times its router weight
+                    total += tl.sum(acc, axis=0) * tl.load(topk_weights_ptr + j).to(tl.float32)
+                    acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+                    if k_slot == TOPK - 1:  # the unit's last slot: its columns of out
+                        tl.store(out_ptr + m * out_row_stride + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
+                        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:  # the last program out
+        tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

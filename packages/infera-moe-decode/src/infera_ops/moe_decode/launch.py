@@ -1,6 +1,7 @@
 """Launchers of the decode experts kernels (kernels.py) in the form the config names: split (gate/up, down,
-row sum), split_sum (gate/up, down with the top-k sum inside), fused (one weight pass, row sum) or persistent
-(both projections in one launch, row sum).
+row sum), split_sum (gate/up, down with the top-k sum inside), fused (one weight pass, row sum), persistent
+(both projections in one launch, row sum) or stream (both projections and the top-k sum in one launch, each
+program one pipelined pass over its chunk of each).
 
 Capture-safe: no host synchronisation, buffers allocated on the current stream (vLLM's graph pool when
 captured), grid sizes from shapes only.
@@ -20,11 +21,12 @@ from infera_ops.moe_decode.kernels import (
     _moe_fused_kernel,
     _moe_gate_up_kernel,
     _moe_persistent_kernel,
+    _moe_stream_kernel,
     _row_sum_kernel,
 )
 from infera_vllm import triton_dot
 
-FORMS = ("split", "fused", "persistent", "split_sum")
+FORMS = ("split", "fused", "persistent", "split_sum", "stream")
 
 
 class LaunchConfig:
@@ -36,15 +38,17 @@ class LaunchConfig:
     ``min_programs``: the launcher halves ``block_i`` (not below 16) while the I-blocks of the experts in play
     give fewer programs than this, so one file fills the GPU for small and large experts alike (0: ``block_i``
     as given). ``pdl``: launch the row sum as a programmatic dependent where the GPU supports it.
-    ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2.
-    ``programs_per_sm`` (persistent form): its grid, per SM. ``early_down`` (split form, CUDA, implies
+    ``prefetch_down`` (split form, CUDA): the gate/up kernel prefetches the down weights into L2; (stream
+    form, CUDA) each down chunk asks L2 for its W2 rows before it waits for the gate/up chunks.
+    ``programs_per_sm`` (persistent and stream forms): the grid, per SM. ``early_down`` (split form, CUDA, implies
     ``pdl``): the down kernel starts with the gate/up kernel and prefetches its weights into L2 meanwhile.
     ``fill_per_sm`` (split and split_sum forms): the gate/up kernel's columns per program are cut (in steps
     of 16, at most the tile) so that the experts in play give about this many programs per SM: at M = 1 on
     Qwen3-30B-A3B dims 8 x 768 / 48 = 128 programs for 132 SMs instead of 96 (0: the tile's columns).
     ``split_i`` (split_sum form): the down kernel's programs per (token, column block), each over an equal
     share of the token's TOPK x (chunks of I) tiles, merged in the kernel by the last one in (1: none; at
-    most one program per tile)."""
+    most one program per tile). The stream form takes ``block_i``, ``block_h`` (its gate/up units and
+    chunks), ``block_n``, ``block_k`` (its down units and chunks), ``programs_per_sm`` and ``prefetch_down``."""
 
     __slots__ = ("form", "block_i", "block_h", "block_n", "block_k", "num_warps", "num_stages", "min_programs",
                  "pdl", "prefetch_down", "programs_per_sm", "early_down", "fill_per_sm", "split_i")
@@ -125,6 +129,15 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
     return max(1, min(items, _sms(device) * per_sm))
 
 
+def stream_programs(device: torch.device, units: int, per_sm: int) -> int:
+    """The stream kernel's grid (and its number of chunks of each kind): ``per_sm`` programs per SM, at most
+    one per unit of the larger pass; ``per_sm`` under Triton's interpreter, which runs programs one after
+    another (the first takes every chunk in turn, so the chunking is exercised as on a GPU)."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return max(1, min(units, per_sm))
+    return max(1, min(units, _sms(device) * per_sm))
+
+
 def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
     """``cfg.block_i``, halved (not below 16) while ``experts_in_play`` x I-blocks < ``cfg.min_programs``."""
     block = cfg.block_i
@@ -175,6 +188,17 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     early_down = early_down and use_pdl
     pdl_kw = {"launch_pdl": True} if use_pdl else {}
     blk_i = block_i_for(cfg, min(mk, E), inter)
+    if cfg.form == "stream":
+        act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
+        units = max(mk * triton.cdiv(inter, cfg.block_i), M * triton.cdiv(H, cfg.block_n))
+        prefetch = cfg.prefetch_down and x.device.type == "cuda" and not fp32_dot
+        _moe_stream_kernel[(stream_programs(x.device, units, cfg.programs_per_sm),)](
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), w2, w2.stride(0), w2.stride(1), ids, weights,
+            act, act.stride(0), out, out.stride(0), sync_counters(x.device, 3), M, H, inter, topk,
+            BLOCK_MK=triton.next_power_of_2(mk), BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot, PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return out  # the kernel wrote the sums: no row-sum launch
     if cfg.form == "fused":
         n_blocks = triton.cdiv(inter, blk_i)
         rows = torch.empty(mk, n_blocks, H, dtype=torch.float32, device=x.device)

@@ -130,7 +130,13 @@ def default_config(family: str, form: str = "split") -> LaunchConfig:
     pipeline stages on AMD GPUs, whose 64 KB of LDS (gfx942, RDNA) three stages of the 64-wide tiles overflow
     (72 KB); on RDNA3 (gfx11xx) also a 64-deep H chunk, as the 128-deep one spills VGPRs in its WMMA layout;
     on RDNA4 (gfx12xx) the persistent form, which holds both projections' tiles, with 32-wide I blocks (64
-    spill one VGPR)."""
+    spill one VGPR). The stream form cuts its work into small units so that one program per SM gets an
+    even share at decode sizes (16 columns of I, 16 of H) and streams them in 256-deep H chunks over 4
+    stages (128-deep over 2 on AMD GPUs)."""
+    if form == "stream":
+        amd = family.startswith("gfx")
+        return LaunchConfig(form=form, block_i=16, block_h=128 if amd else 256, block_n=16, block_k=128,
+                            programs_per_sm=1, num_stages=2 if amd else 4)
     if family.startswith("gfx11"):
         return LaunchConfig(form=form, block_h=64, num_stages=2)
     if family.startswith("gfx12") and form == "persistent":
