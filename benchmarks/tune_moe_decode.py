@@ -9,9 +9,10 @@
    PASSES times; the sweep order puts the largest effects first), "best" =
    the highest geometric mean of the speedup over vLLM across the dims (one file serves every model: the
    ``min_programs`` rule fits BLOCK_I to each model's expert size); candidates with a wrong answer excluded;
-   ``--baseline FILE`` adds that tuning file's launch for each M as one more candidate (a re-tune of one form
-   keeps what the others had won); ``--reuse TUNE.json`` takes every candidate's times from an earlier run's
-   JSON (its ``swept`` section) instead of sweeping, so a change to the rules below costs only step 4;
+   ``--baseline FILE`` adds that tuning file's launches for each M (its common one and each dims' own) as
+   more candidates (a re-tune of one form keeps what the others had won, per shape too); ``--reuse
+   TUNE.json`` takes every candidate's times from an earlier run's JSON (its ``swept`` section) instead of
+   sweeping, so a change to the rules below costs only step 4;
 3. write ``tuning/<family>.json``: ``by_tokens`` = each M's best launch; ``by_shape`` = per dims and M the
    fastest of the forms' bests (and the baseline's) where that is not ``by_tokens``'s, or the fastest of
    every candidate timed where that is at least SPECIALIST_MARGIN faster still (the geometric mean over the
@@ -153,6 +154,22 @@ def served_everywhere(served: dict, tokens) -> int:
     return max_tokens
 
 
+def baseline_candidates(base, M: int, recorded: dict | None = None) -> tuple[dict | None, list[dict]]:
+    """A baseline tuning file's launches at M as candidates: its common one (``by_tokens``) and, each once,
+    the other launches its per-shape entries give the dims (a re-tune of one form must not lose a shape's
+    specialist). With ``recorded`` (--reuse: params key -> times) only launches that run timed (no time to
+    compare otherwise)."""
+    from infera_ops.moe_decode import policy
+
+    if base is None:
+        return None, []
+    common = base.config_for(M).as_dict()
+    timed = [p for p in (common, *(base.config_for(M, policy.shape_key(*DIMS[d])).as_dict() for d in DIMS))
+             if recorded is None or tuple(sorted(p.items())) in recorded]
+    common = common if common in timed else None
+    return common, [p for i, p in enumerate(timed) if p != common and p not in timed[:i]]
+
+
 def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None, reuse: dict | None = None) -> dict:
     from infera_ops.moe_decode import policy
     from infera_vllm.platform import detect_gpu_family
@@ -180,10 +197,8 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
 
             bests = {f: descend(cost, start, space, PASSES) if f in forms and (up_to is None or M <= up_to) else None
                      for f, (start, space, up_to) in SEARCH.items()}
-        kept = base.config_for(M).as_dict() if base else None
-        if kept is not None and reuse is not None and tuple(sorted(kept.items())) not in score.seen:
-            kept = None  # not timed in the recorded run: no time to compare
-        candidates = list(filter(None, (*bests.values(), kept)))
+        kept, shape_kept = baseline_candidates(base, M, score.seen if reuse is not None else None)
+        candidates = list(filter(None, (*bests.values(), kept))) + shape_kept
         best = max(candidates, key=lambda p: score(p)[0])
         gm, _ = score(best)
         by_tokens[str(M)] = best

@@ -1,6 +1,6 @@
 """tune_moe_decode.py's rules that need no GPU: a launch fastest on one expert shape alone is kept for that
-shape only when it beats the forms' best there by the margin, and an earlier run's recorded sweep answers
-for the candidates it timed (and only those)."""
+shape only when it beats the forms' best there by the margin, an earlier run's recorded sweep answers for
+the candidates it timed (and only those), and a baseline file's launches, per shape too, are candidates."""
 
 import importlib.util
 import sys
@@ -56,3 +56,20 @@ def test_a_specialist_replaces_the_forms_best_only_beyond_the_margin():
     assert tune.specialist(seen, 0, 28.2) is None  # 28 is within 1% of 28.2: a lucky timing is not enough
     assert tune.specialist(seen, 1, 40.0) is None  # on the other dims the forms' best is the fastest
     assert tune.specialist({(("form", "x"),): (1.0, [INF] * len(DIMS))}, 0, 30.0) is None  # nothing ran there
+
+
+def test_a_baseline_files_launches_per_shape_are_candidates_too():
+    from infera_ops.moe_decode import policy
+    from infera_ops.moe_decode.launch import LaunchConfig
+
+    qwen3, mixtral = (policy.shape_key(*tune.DIMS[d]) for d in ("qwen3-30b-a3b", "mixtral"))
+    common, special = LaunchConfig(form="split"), LaunchConfig(form="split_sum", block_n=32)
+    base = policy.Tuning(max_tokens=4, by_tokens=((1, common), (4, LaunchConfig(form="persistent"))),
+                         by_shape={qwen3: ((1, special),), mixtral: ((1, special), (2, common))})
+    kept, shapes = tune.baseline_candidates(base, 1)
+    assert kept == common.as_dict() and shapes == [special.as_dict()]  # the specialist once, for both shapes
+    assert tune.baseline_candidates(base, 2) == (LaunchConfig(form="persistent").as_dict(), [common.as_dict()])
+    # a recorded run answers only for what it timed
+    recorded = {tuple(sorted(special.as_dict().items())): (1.0, [])}
+    assert tune.baseline_candidates(base, 1, recorded) == (None, [special.as_dict()])
+    assert tune.baseline_candidates(None, 1) == (None, [])
