@@ -558,8 +558,9 @@ def _moe_stream_kernel(
     Positions are not grouped by expert: tokens that share an expert each read it (the form for one or a
     few tokens). An expert id below zero reads nothing and adds zero. Each token is row 0 of a 16-row tile
     (``tl.dot``'s smallest M; the other rows are zeros). Every position's expert id is loaded once into
-    registers and picked per tile by position: a weight address that came from a load inside the loop
-    would keep the pipeliner from running the loads ahead (as in ``_moe_down_sum_kernel``)."""
+    registers (with its router weight) and picked per tile by position: a weight address that came from a
+    load inside the loop would keep the pipeliner from running the loads ahead (as in
+    ``_moe_down_sum_kernel``)."""
     P = tl.num_programs(0)
     n_i = tl.cdiv(I, BLOCK_I)
     n_hc = tl.cdiv(H, BLOCK_H)
@@ -573,6 +574,7 @@ def _moe_stream_kernel(
     done_ptr = sync_ptr + 2
     positions = tl.arange(0, BLOCK_MK)
     ids = tl.load(topk_ids_ptr + positions, mask=positions < M * TOPK, other=-1).to(tl.int64)
+    router = tl.load(topk_weights_ptr + positions, mask=positions < M * TOPK, other=0.0).to(tl.float32)
     t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     while t < 2 * P:
         if t < P:
@@ -649,7 +651,7 @@ def _moe_stream_kernel(
                             + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
                 acc = _dot(a, w, acc, FP32_DOT)
                 if chunk == n_kc - 1:  # the slot's last chunk of I: add it, times its router weight
-                    total += tl.sum(acc, axis=0) * tl.load(topk_weights_ptr + j).to(tl.float32)
+                    total += tl.sum(acc, axis=0) * tl.sum(tl.where(positions == j, router, 0.0), axis=0)
                     acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
                     if k_slot == TOPK - 1:  # the unit's last slot: its columns of out
                         tl.store(out_ptr + m * out_row_stride + cols, total.to(out_ptr.dtype.element_ty), mask=col_ok)
