@@ -1,4 +1,4 @@
-"""The tuners' search over launch parameters (tune_attn_paged.py, tune_moe_decode.py)."""
+"""The tuners' search over launch parameters (tune_moe_decode.py)."""
 
 from __future__ import annotations
 

@@ -15,13 +15,15 @@ the last:
    times, per query group (heads per KV head) the launch fastest on that group's rows where it differs
    (``unsplit_by_group``); each kept only if the whole table is faster with it.
 
-Then the ragged prefill kernel, per head size of bench_attn_paged.PREFILL_CONFIGS: coordinate descent over
-PREFILL_SPACE (rows per program, key tile, warps, stages: each swept in turn with the others at their best
-so far, PREFILL_PASSES times) from the launch the op uses today, over the prefill table's cases
-(bench_attn_paged.PREFILL_CASES), each launch checked against the fp32 reference, lowest geometric-mean
-time; the winner goes to the file's ``prefill`` section (head sizes not measured keep the packaged entry).
-Every dimension is reached within a few launches, so a time budget that ends the sweep early still has
-tried each.
+Then the ragged prefill kernel, per head size of bench_attn_paged.PREFILL_CONFIGS: every launch of
+PREFILL_SPACE (rows per program, key tile, warps, stages) that compiles for this GPU without spilling
+(:func:`prefill_candidates`: compiled ahead of time first, in parallel, and launches whose compiled code is
+the same counted once), the launch the op uses today first and then the largest tiles, over the prefill
+table's cases (bench_attn_paged.PREFILL_CASES), each launch checked against the fp32 reference, lowest
+geometric-mean time; the winner goes to the file's ``prefill`` section (head sizes not measured keep the
+packaged entry). Not a coordinate descent: from 64 rows on 4 warps a sweep of the row count alone meets
+only launches that spill (128 rows on 4 warps), and never reaches 128 rows on 8 warps, the usual
+attention launch on Hopper. A time budget that ends the sweep early has tried the largest tiles.
 
 Every candidate is checked against the fp32 reference on every row (a wrong candidate is never chosen) and
 timed from CUDA-graph replays with a cold L2, as in the benchmark. Writes ``attn_paged_<family>.json`` (the
@@ -47,7 +49,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _attn_paged_cases as shared  # noqa: E402
 import torch  # noqa: E402
 from _results import arguments, describe_machine, fmt, ratio, results_dir, write_json  # noqa: E402
-from _search import descend  # noqa: E402
 
 PROGRAMS_PER_SM = (2, 3, 4, 8, 16, 32, 64)  # 2-3: one wave of the split kernel's resident programs at small B
 SPLIT_KEYS = (64, 128, 256, 512)
@@ -56,7 +57,6 @@ MERGE_MAX_SLICES_SWEEP = (0, 4, 8, 16, 64)  # 0: the reduce kernel at every cap
 
 
 PREFILL_SPACE = dict(block_m=(64, 128, 256), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
-PREFILL_PASSES = 2
 
 
 def _launch(cfg) -> dict | None:
@@ -109,8 +109,59 @@ def unsplit_by_group(shared, measured, groups) -> tuple:
     return tuple(by_group)
 
 
+def prefill_candidates(launch, head_size: int, group: int, family: str, first: dict,
+                       page: int = shared.BLOCK_SIZE, threads: int = 8) -> tuple[list[dict], dict]:
+    """(launches to time, why each other one of PREFILL_SPACE is not): every launch with at least ``group``
+    rows, compiled ahead of time for ``family`` (``infera_vllm.aot``, the same compiler the launch would
+    run), dropped where it spills or does not fit, and counted once where its compiled code is another's
+    (a stage count the loop cannot use); ``first`` (the op's launch today) leads, then the largest tiles
+    (rows x keys), then the fewest warps and stages."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from infera_ops.attn_paged.kernels import _paged_prefill_kernel
+    from infera_vllm import aot
+
+    pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
+                "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32", "sinks_ptr": "*fp32", "out_ptr": "*bf16"}
+    space = [dict(zip(PREFILL_SPACE, values)) for values in itertools.product(*PREFILL_SPACE.values())]
+    space = [p for p in space if p["block_m"] >= group]
+    space.sort(key=lambda p: (p != first, -p["block_m"] * p["block_n"], p["num_warps"], p["num_stages"]))
+
+    def compiled(p):
+        cfg = launch.LaunchConfig(block_n=p["block_n"], num_warps=p["num_warps"], num_stages=p["num_stages"])
+        try:
+            kernel = aot.compile_kernel(
+                _paged_prefill_kernel, family, pointers=pointers, floats={"scale", "softcap"},
+                constexprs=launch.prefill_constexprs(group, head_size, page, p["block_m"], cfg),
+                num_warps=p["num_warps"], num_stages=p["num_stages"])
+        except Exception as exc:  # a launch the compiler rejects is not a candidate
+            return None, f"compile error: {type(exc).__name__}: {str(exc)[:120]}"
+        res = aot.resources(kernel)
+        if res.problems():
+            return None, "; ".join(res.problems())
+        code = "\n".join(line for line in kernel.asm["ptx"].splitlines() if not line.lstrip().startswith("//"))
+        return hashlib.sha256(code.encode()).hexdigest(), None
+
+    with ThreadPoolExecutor(threads) as pool:
+        results = list(pool.map(compiled, space))
+    kept, dropped, codes = [], {}, {}
+    for p, (code, why) in zip(space, results):
+        key = " ".join(f"{k}={v}" for k, v in p.items())
+        if code is None:
+            dropped[key] = why
+        elif code in codes:
+            dropped[key] = f"same compiled code as {codes[code]}"
+        else:
+            codes[code] = key
+            kept.append(p)
+    return kept, dropped
+
+
 def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
     """(prefill section {head size: settings}, what was measured) over PREFILL_SPACE; see the docstring."""
+    from infera_ops.attn_paged import policy
+
     t0 = time.time()
     section, measured = {}, {}
     torch.manual_seed(1)
@@ -153,10 +204,20 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
                      "geomean_us": geomean([r["us"] for r in rows]) if good else None}
             seen.append(entry)
             by_key[key] = entry
+            print(f"  prefill D={D} block_m={bm} block_n={bn} warps={w} stages={st}: "
+                  + (f"{entry['geomean_us']:.1f} us geomean, " + ", ".join(
+                      f"{c.label} {c.flops / (r['us'] * 1e-6) / 1e12:.0f}" for c, r in zip(cases, rows))
+                     + " TFLOP/s" if good else "failed or wrong"), flush=True)  # a run cut short keeps these
             return entry["geomean_us"]
 
+        candidates, dropped = prefill_candidates(launch, D, G, policy.family_of(device), start)
+        print(f"prefill head size {D}: {len(candidates)} launches to time, {len(dropped)} not "
+              f"(spill, do not fit or repeat another's code)")
         score(start)  # the launch the op uses today, first (the baseline the winner is compared with)
-        descend(score, start, PREFILL_SPACE, PREFILL_PASSES)
+        for params in candidates:
+            if time.time() > deadline:
+                break
+            score(params)
         scored = [c for c in seen if c["ok"]]
         if not scored:
             print(f"prefill head size {D}: no launch ran every case correctly; the packaged entry stays")
@@ -171,7 +232,8 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
             print(f"  {c.label:<16} {fmt(d_us, '9.1f')} -> {u:9.1f} us ({tf:5.0f} TFLOP/s)")
         section[str(D)] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
         measured[str(D)] = {"config": name, "cases": [c.label for c in cases], "tflops": tflops, "default": base,
-                            "best": best, "candidates": seen}
+                            "best": best, "candidates": seen, "not_timed": dropped,
+                            "untimed_for_budget": len(candidates) + 1 - len(seen)}
         del cases, refs, score  # score's defaults hold the cases too
         torch.cuda.empty_cache()
     return section, measured

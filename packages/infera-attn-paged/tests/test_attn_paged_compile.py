@@ -102,8 +102,7 @@ def compile_cases(family: str) -> list[aot.Case]:
              pointers=POINTERS, constexprs=consts, num_warps=cfg.reduce_warps)
         block_m, pcfg = prefill_config(family, D, G)
         for on in (False, True):
-            consts = dict(G=G, BLOCK_M=block_m, BLOCK_Q=block_m // G, D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
-                          BLOCK_N=pcfg.block_n, UNMASKED_TILES=cuda, **_features(on))
+            consts = launch.prefill_constexprs(G, D, PAGE, block_m, pcfg, sinks=on, softcap=on, window=on, cuda=cuda)
             case(_paged_prefill_kernel, f"prefill D={D} G={G} {'features' if on else 'plain'}",
                  _launch(pcfg, BLOCK_M=block_m, BLOCK_N=pcfg.block_n), pointers=POINTERS, constexprs=consts,
                  floats=FLOATS, num_warps=pcfg.num_warps, num_stages=pcfg.num_stages)

@@ -4,6 +4,7 @@ op's tuning loader as the same launches, and the sections a run did not tune kep
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -65,3 +66,61 @@ def test_a_section_not_tuned_keeps_the_packaged_entry_and_its_record():
     kept = tune.keep_untuned(tuned, packaged, no_decode=True)  # a prefill-only run starts from the packaged file
     assert kept["decode"] == packaged["decode"] and kept["measured"] == packaged["measured"]
     assert tune.keep_untuned(tuned, {"decode": {}}, no_decode=False)["measured"] == {"commit": "new"}
+
+
+class _Compiled:
+    def __init__(self, ptx):
+        self.asm = {"ptx": ptx}
+
+
+class _Resources:
+    def __init__(self, problems):
+        self._problems = problems
+
+    def problems(self):
+        return self._problems
+
+
+def test_prefill_candidates_drop_spilling_launches_and_repeated_code(monkeypatch):
+    # the compiler's answers stand in: 128 rows on 4 warps spill, and a fourth stage compiles to the third's code
+    from infera_vllm import aot
+
+    def compile_kernel(kernel, family, *, constexprs, num_warps, num_stages, **kwargs):
+        assert family == "sm90" and constexprs["BLOCK_Q"] == constexprs["BLOCK_M"] // 4 and constexprs["D"] == 128
+        stages = min(num_stages, 3)
+        return _Compiled(f"// stages {num_stages}\nm{constexprs['BLOCK_M']} n{constexprs['BLOCK_N']} "
+                         f"w{num_warps} s{stages}")
+
+    def resources(compiled):
+        spills = "m128" in compiled.asm["ptx"] and " w4 " in compiled.asm["ptx"]
+        return _Resources(["spills"] if spills else [])
+
+    monkeypatch.setattr(aot, "compile_kernel", compile_kernel)
+    monkeypatch.setattr(aot, "resources", resources)
+    monkeypatch.setattr(tune, "PREFILL_SPACE", dict(block_m=(2, 64, 128), block_n=(64,), num_warps=(4, 8),
+                                                    num_stages=(2, 3, 4)))
+    first = dict(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    kept, dropped = tune.prefill_candidates(launch, 128, 4, "sm90", first, threads=2)
+    assert kept[0] == first  # the op's launch leads: the baseline the winner is compared with
+    assert kept[1] == dict(block_m=128, block_n=64, num_warps=8, num_stages=2)  # then the largest tiles
+    assert all(not (p["block_m"] == 128 and p["num_warps"] == 4) for p in kept)
+    assert dropped["block_m=128 block_n=64 num_warps=4 num_stages=2"] == "spills"
+    assert dropped["block_m=64 block_n=64 num_warps=4 num_stages=4"] == (
+        "same compiled code as block_m=64 block_n=64 num_warps=4 num_stages=3")
+    assert not any("block_m=2 " in key for key in dropped) and all(p["block_m"] >= 4 for p in kept)
+    assert len(kept) + len(dropped) == 2 * 2 * 3  # every launch with at least G rows: timed or said why not
+
+
+@pytest.mark.aot_compile
+def test_prefill_candidates_compile_for_the_family(monkeypatch):
+    # the real compiler on a few launches: each either kept (and then fits) or dropped with a reason
+    from infera_vllm import aot
+
+    if "sm90" not in aot.selected_families() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("compiles real kernels for sm90: runs in the session without Triton's interpreter")
+    monkeypatch.setattr(tune, "PREFILL_SPACE", dict(block_m=(64, 128), block_n=(64,), num_warps=(4, 8),
+                                                    num_stages=(2,)))
+    first = dict(block_m=64, block_n=64, num_warps=4, num_stages=2)
+    kept, dropped = tune.prefill_candidates(launch, 128, 4, "sm90", first, threads=2)
+    assert kept[0] == first and len(kept) + len(dropped) == 4
+    assert all(why for why in dropped.values())

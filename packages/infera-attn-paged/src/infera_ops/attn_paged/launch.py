@@ -248,6 +248,18 @@ def prefill_config(head_size: int, group: int, device=None) -> tuple[int, Launch
     return max(32, triton.next_power_of_2(group)), LaunchConfig(block_n=16, num_warps=4, num_stages=2)
 
 
+def prefill_constexprs(group: int, head_size: int, page: int, block_m: int, config: LaunchConfig, *,
+                       sinks: bool = False, softcap: bool = False, window: bool = False, cuda: bool = True) -> dict:
+    """The ragged prefill kernel's compile-time arguments for a launch of ``block_m`` rows (``group`` query
+    heads per KV head, so ``block_m // group`` query positions) and ``config``'s key tile: what
+    :func:`paged_prefill` passes, and what a tuner or compile check compiles ahead of time. ``cuda``: the
+    tiles before a program's first query position run without the causal mask (``UNMASKED_TILES``; on
+    ROCm every tile keeps it)."""
+    return dict(G=group, BLOCK_M=block_m, BLOCK_Q=block_m // group, D=head_size,
+                BLOCK_D=triton.next_power_of_2(head_size), PAGE=page, BLOCK_N=config.block_n, HAS_SINKS=sinks,
+                HAS_SOFTCAP=softcap, HAS_WINDOW=window, FP32_DOT=triton_dot.fp32_dot(), UNMASKED_TILES=cuda)
+
+
 def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor | None = None,
                   *, sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
@@ -275,8 +287,7 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
         value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table, block_table.stride(0), seq_lens, query_start_loc, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), R, float(scale), float(softcap), int(window_left),
-        G=G, BLOCK_M=bm, BLOCK_Q=bq, D=D, BLOCK_D=triton.next_power_of_2(D), PAGE=page, BLOCK_N=cfg.block_n,
-        HAS_SINKS=sinks is not None, HAS_SOFTCAP=softcap > 0, HAS_WINDOW=window_left >= 0,
-        FP32_DOT=triton_dot.fp32_dot(), UNMASKED_TILES=torch.version.hip is None, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        **prefill_constexprs(G, D, page, bm, cfg, sinks=sinks is not None, softcap=softcap > 0,
+                             window=window_left >= 0, cuda=torch.version.hip is None),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -12,7 +12,8 @@ thin calls into torch custom ops in the ``infera`` namespace with fake implement
 Inductor vLLM's lowering pass traces the chosen provider into the graph. The ops are registered through
 vLLM's ``direct_register_custom_op`` (a schema and one kernel for every device), as vLLM registers its own:
 a call then costs about 1.9 us of dispatch, against about 20 for ``torch.library.custom_op``'s wrapper
-(this project's CPU machine: ``benchmarks/norm_dispatch_host.py``), which a compiled graph run outside CUDA graphs pays per call.
+(this project's CPU machine: ``benchmarks/norm_dispatch_host.py``), which a compiled graph run outside CUDA
+graphs pays per call.
 ``fused_add_rms_norm`` is in place, as vLLM's ``vllm_c`` is: the normalised output overwrites ``x`` and the
 sum overwrites the residual, so the working set is two tensors, not four (this decided the M = 1024 rows
 measured in docs/operators/norm.md).
