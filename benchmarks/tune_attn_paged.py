@@ -233,7 +233,7 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
         section[str(D)] = {k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")}
         measured[str(D)] = {"config": name, "cases": [c.label for c in cases], "tflops": tflops, "default": base,
                             "best": best, "candidates": seen, "not_timed": dropped,
-                            "untimed_for_budget": len(candidates) + 1 - len(seen)}
+                            "untimed_for_budget": [p for p in candidates if tuple(sorted(p.items())) not in by_key]}
         del cases, refs, score  # score's defaults hold the cases too
         torch.cuda.empty_cache()
     return section, measured
