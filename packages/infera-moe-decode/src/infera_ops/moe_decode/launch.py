@@ -121,21 +121,14 @@ def sync_counters(device: torch.device, entries: int) -> torch.Tensor:
     return buf
 
 
-def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
-    """The persistent kernel's grid: ``per_sm`` programs per SM, at most one per item; one under Triton's
-    interpreter, which runs programs one after another (the first takes every item)."""
+def ticket_programs(device: torch.device, work: int, per_sm: int) -> int:
+    """The grid of a kernel whose programs take their work from a ticket counter (the persistent and stream
+    forms): ``per_sm`` programs per SM, at most one per unit of ``work``. Under Triton's interpreter, which
+    runs programs one after another, ``per_sm`` of them: the first takes every ticket, the others find none
+    and leave, and the last one out zeroes the counters, as on a GPU."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return 1
-    return max(1, min(items, _sms(device) * per_sm))
-
-
-def stream_programs(device: torch.device, units: int, per_sm: int) -> int:
-    """The stream kernel's grid (and its number of chunks of each kind): ``per_sm`` programs per SM, at most
-    one per unit of the larger pass; ``per_sm`` under Triton's interpreter, which runs programs one after
-    another (the first takes every chunk in turn, so the chunking is exercised as on a GPU)."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return max(1, min(units, per_sm))
-    return max(1, min(units, _sms(device) * per_sm))
+        return max(1, min(work, per_sm))
+    return max(1, min(work, _sms(device) * per_sm))
 
 
 def block_i_for(cfg: LaunchConfig, experts_in_play: int, inter: int) -> int:
@@ -192,7 +185,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         act = torch.empty(mk, inter, dtype=x.dtype, device=x.device)
         units = max(mk * triton.cdiv(inter, cfg.block_i), M * triton.cdiv(H, cfg.block_n))
         prefetch = cfg.prefetch_down and x.device.type == "cuda" and not fp32_dot
-        _moe_stream_kernel[(stream_programs(x.device, units, cfg.programs_per_sm),)](
+        _moe_stream_kernel[(ticket_programs(x.device, units, cfg.programs_per_sm),)](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w2, w2.stride(0), w2.stride(1), ids, weights,
             act, act.stride(0), out, out.stride(0), sync_counters(x.device, 3), M, H, inter, topk,
             BLOCK_MK=triton.next_power_of_2(mk), BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
@@ -212,7 +205,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
         sync = sync_counters(x.device, 2 + mk)
         items = mk * (triton.cdiv(inter, blk_i) + triton.cdiv(H, cfg.block_n))
-        _moe_persistent_kernel[(persistent_programs(x.device, items, cfg.programs_per_sm),)](
+        _moe_persistent_kernel[(ticket_programs(x.device, items, cfg.programs_per_sm),)](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w2, w2.stride(0), w2.stride(1), ids, weights,
             act, act.stride(0), rows, sync, mk, H, inter, topk, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i,
             BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot, USE_PDL=use_pdl,
