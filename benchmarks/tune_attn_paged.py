@@ -204,10 +204,12 @@ def tune_prefill(launch, budget_s: float, device) -> tuple[dict, dict]:
                      "geomean_us": geomean([r["us"] for r in rows]) if good else None}
             seen.append(entry)
             by_key[key] = entry
-            print(f"  prefill D={D} block_m={bm} block_n={bn} warps={w} stages={st}: "
-                  + (f"{entry['geomean_us']:.1f} us geomean, " + ", ".join(
-                      f"{c.label} {c.flops / (r['us'] * 1e-6) / 1e12:.0f}" for c, r in zip(cases, rows))
-                     + " TFLOP/s" if good else "failed or wrong"), flush=True)  # a run cut short keeps these
+            result = "failed or wrong"
+            if good:
+                tflops = ", ".join(f"{c.label} {c.flops / (r['us'] * 1e-6) / 1e12:.0f}" for c, r in zip(cases, rows))
+                result = f"{entry['geomean_us']:.1f} us geomean, {tflops} TFLOP/s"
+            # one line per launch as it is timed: a run cut short keeps what it measured
+            print(f"  prefill D={D} block_m={bm} block_n={bn} warps={w} stages={st}: {result}", flush=True)
             return entry["geomean_us"]
 
         candidates, dropped = prefill_candidates(launch, D, G, policy.family_of(device), start)
