@@ -76,7 +76,7 @@ def child(args) -> dict:
     if not args.real_weights:
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
     start = time.perf_counter()
-    llm = LLM(model=args.model, seed=0, **kwargs)
+    llm = LLM(model=args.model, seed=0, disable_log_stats=False, **kwargs)  # per-request engine timestamps
     startup = time.perf_counter() - start
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
@@ -85,7 +85,7 @@ def child(args) -> dict:
     out = {"variant": args.variant, "backend": backend, "startup_s": startup, "batches": {}}
     for batch in args.batches:
         prompts = [{"prompt_token_ids": [rng.randrange(1, vocab) for _ in range(args.prompt)]} for _ in range(batch)]
-        pre, whole = time_generations(llm, prompts, prefill, full, args.repeats)
+        timed = time_generations(llm, prompts, prefill, full, args.repeats)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.profiled):
@@ -107,8 +107,9 @@ def child(args) -> dict:
             if torch.cuda.is_available():
                 times = kernel_times_us(lambda: llm.generate(prompts, full, use_tqdm=False), reps=1)
                 kernels = dict(sorted((times or {}).items(), key=lambda kv: -kv[1])[:args.top])
-        out["batches"][str(batch)] = {"prefill_s": pre, "full_s": whole, "profile_top": top,
-                                      "attention_forwards": forwards, "kernels_us": kernels}
+        out["batches"][str(batch)] = {"prefill_s": timed.pre_wall, "full_s": timed.full_wall,
+                                      "prefill_engine_s": timed.pre_engine, "decode_engine_s": timed.decode_engine,
+                                      "profile_top": top, "attention_forwards": forwards, "kernels_us": kernels}
     return out
 
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+KEPT = Path("/tmp/infera-validate")  # each validate results file as this machine's last call left it
 SITE = Path("/tmp/site")
 SMOLLM2 = "/tmp/models/smollm2-135m"
 ATTN_TUNING = "/tmp/attn_paged_tuning.json"
@@ -326,8 +327,9 @@ def step_self_check(r: Runner, a) -> None:
 
 def step_validate(r: Runner, a) -> None:
     """`infera-vllm validate --matrix benchmarks/validation/matrix.json` (or ``--preset NAME``, the plugin's
-    preset of that name) for the named models (results accumulate model by model in --results across calls,
-    by default validation.json or <preset>.json; a model measured at this commit is not rerun)."""
+    preset of that name) for the named models (results accumulate model by model across calls, in $OUT's
+    validation.json or <preset>.json, kept on the machine between calls: :func:`validate_preset`; a model
+    measured at this commit is not rerun)."""
     for variable, path in (("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING), ("INFERA_MOE_DECODE_TUNING", MOE_TUNING)):
         r.use_tuning(variable, path)
     validate_preset(r, a.preset, a.models, a.results, a.budget_s, shlex.split(a.validate_args))
@@ -335,24 +337,29 @@ def step_validate(r: Runner, a) -> None:
 
 def validate_preset(r: Runner, preset: str | None, models: str | None, results: str | None, budget_s: float,
                     more: list[str] = (), machine: str = "h200", log: str = "validate.txt", **run_args):
-    """`infera-vllm validate --preset PRESET` (the matrix when None) into ``results`` (default
-    benchmarks/results/<machine>/validation/<preset or validation>.json, where the next call continues), then
-    the JSON and its plot copied to $OUT."""
+    """`infera-vllm validate --preset PRESET` (the matrix when None), its results accumulating in ``results``
+    (default benchmarks/results/<machine>/validation/<preset or validation>.json). The command writes $OUT's
+    copy of that file (after every run, so a call cut short still brings back each finished run; the plot is
+    drawn beside it), starting from the copy this machine kept at the end of its previous call
+    (/tmp/infera-validate/), else from the checkout's: the next call on the same machine continues where
+    this one stopped without the file being carried back first."""
     source = ["--preset", preset] if preset else ["--matrix", "benchmarks/validation/matrix.json"]
     results = results or f"benchmarks/results/{machine}/validation/{preset or 'validation'}.json"
-    job = r.run(vllm_cli("validate", *source, *(["--models", models] if models else []), "--out", results,
+    live = r.out / Path(results).name
+    seed = KEPT / live.name if (KEPT / live.name).exists() else ROOT / results
+    if r.dry_run or seed.exists():
+        r.run(["cp", str(seed), str(live)])
+    job = r.run(vllm_cli("validate", *source, *(["--models", models] if models else []), "--out", str(live),
                          "--budget-s", budget_s, *more), log=log, tail=80, **run_args)
     if not run_args.get("background"):
-        bring_back(r, results)
+        keep(r, live)
     return job
 
 
-def bring_back(r: Runner, results: str) -> None:
-    """A validate result and its plot (drawn beside it when matplotlib is there) copied to $OUT."""
-    r.run(["cp", results, str(r.out / Path(results).name)])
-    plot = Path(results).with_suffix(".png")
-    if r.dry_run or plot.exists():
-        r.run(["cp", str(plot), str(r.out / plot.name)])
+def keep(r: Runner, live: Path) -> None:
+    """A validate call's results file (in $OUT) kept in /tmp/infera-validate/ for the machine's next call."""
+    r.run(["mkdir", "-p", str(KEPT)])
+    r.run(["cp", str(live), str(KEPT / live.name)])
 
 
 def step_parallel(r: Runner, a) -> None:
@@ -375,7 +382,7 @@ def step_linear_norm_x2(r: Runner, a) -> None:
           env={"CUDA_VISIBLE_DEVICES": "0"})
     r.run(["cp", LINEAR_TUNING, str(r.out / "sm90.json")])
     r.wait(job)
-    bring_back(r, "benchmarks/results/h200/validation/norm-qwen3-h200.json")
+    keep(r, r.out / "norm-qwen3-h200.json")
 
 
 def step_aot_check(r: Runner, a) -> None:
@@ -477,8 +484,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", help="a preset of `infera-vllm validate` instead of the matrix (its --help lists "
                                     "them: meta/infera-vllm/src/infera_vllm/presets/)")
     s.add_argument("--results", help="the JSON that accumulates across calls (default benchmarks/results/h200/"
-                                     "validation/validation.json, or <preset>.json; copied to $OUT after: copy it "
-                                     "back before the next call)")
+                                     "validation/validation.json, or <preset>.json): written in $OUT under its "
+                                     "name, from the copy the machine kept after its last call, else this one")
     s.add_argument("--budget-s", type=float, default=540)
     s.add_argument("--validate-args", default="", help="more `infera-vllm validate` arguments")
     s = step("parallel")

@@ -18,7 +18,7 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "attn": (["--tests", "--tune-args=--passes 3,5"], "tune_attn_paged.py --budget-s 180 --prefill-budget-s 100"
                                                       " --out . --passes 3,5"),
     "attn-e2e": (["--models", "qwen3-8b"], "validate --preset attn-paged-h200 --models qwen3-8b --out "
-                                           "benchmarks/results/h200/validation/attn-paged-h200.json"),
+                                           "attn-paged-h200.json"),
     "step-probe": (["--backends", "FLASH_ATTN,CUSTOM"], "e2e_step_probe.py --model /tmp/models/llama-3-8b "
                                                        "--backends FLASH_ATTN,CUSTOM"),
     "moe": (["--tune", "--tune-args=--forms split", "--tests"], "tune_moe_decode.py --out"),
@@ -26,10 +26,10 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "norm-numerics": ([], "validate --preset norm-smollm2-h200"),
     "norm-e2e": ([], "validate --preset norm-smollm2-h200"),
     "linear": (["--tune", "--e2e"], "validate --preset linear-llama3-h200"),
-    "foundation": ([], "validate --preset smollm2 --out benchmarks/results/h200/validation/smollm2.json"),
+    "foundation": ([], "validate --preset smollm2 --out smollm2.json"),
     "self-check": ([], "validate --dummy /tmp/qwen3-moe-cut --self-check-cost"),
     "validate": (["--models", "qwen3-8b"], "validate --matrix benchmarks/validation/matrix.json --models qwen3-8b"),
-    "parallel": ([], "validate --preset parallel-h200x2 --out benchmarks/results/h200x2/validation/"),
+    "parallel": ([], "validate --preset parallel-h200x2 --out parallel-h200x2.json"),
     "linear-norm-x2": ([], "validate --preset norm-qwen3-h200"),
     "aot-check": (["load x.pkl y.json"], "h200_aot_check.py load x.pkl y.json"),
 }
@@ -84,3 +84,20 @@ def test_a_failed_command_fails_the_step_after_the_rest_ran(tmp_path, monkeypatc
     captured = capsys.readouterr()
     assert "ran" in captured.out  # the benchmark still ran
     assert "FAILED" in captured.err and "tune_attn_paged.log" in captured.err
+
+
+def test_validate_continues_from_the_file_the_machine_kept(tmp_path, monkeypatch, capsys):
+    """A validate call writes its results in $OUT, starting from the copy the machine kept after its last call
+    (/tmp/infera-validate/), else from the checkout's file, and keeps its own for the next call."""
+    monkeypatch.setattr(run, "KEPT", tmp_path / "kept")
+    out = tmp_path / "out"
+    assert run.main(["--out", str(out), "--dry-run", "validate", "--models", "qwen3-8b"]) == 0
+    printed = capsys.readouterr().out
+    checkout = run.ROOT / "benchmarks/results/h200/validation/validation.json"
+    assert f"+ cp {checkout} {out / 'validation.json'}" in printed
+    assert f"--out {out / 'validation.json'}" in printed
+    assert f"+ cp {out / 'validation.json'} {tmp_path / 'kept' / 'validation.json'}" in printed
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "validation.json").write_text("{}")
+    assert run.main(["--out", str(out), "--dry-run", "validate", "--models", "qwen3-8b"]) == 0
+    assert f"+ cp {tmp_path / 'kept' / 'validation.json'} {out / 'validation.json'}" in capsys.readouterr().out

@@ -20,27 +20,78 @@ ROOT = Path(__file__).resolve().parents[3]
 VERDICTS = {"faster", "neutral", "slower", "disagrees", "agrees", "unjudged", "error", "pending"}
 
 
+def _wall(pre, full) -> validate.Timings:
+    return validate.Timings(list(pre), list(full), [None] * len(pre), [None] * len(full), [None] * len(pre))
+
+
 def test_throughput_is_the_fastest_repeat_so_a_stall_does_not_count():
-    """Two of three repeats stalled (one prefill-only generation by 1 s, one full generation by 0.7 s): the
-    estimate is that of the clean repeat, every repeat's figures are kept, and a repeat whose full generation
-    did not outlast its prefill gives no decode figure of its own."""
-    got = validate.timed_throughput(4, 32, 128, t_pre=[0.05, 1.05, 0.05], t_full=[0.55, 0.55, 1.25])
-    assert got["prefill"] == pytest.approx(4 * 32 / 0.05)
-    assert got["decode"] == pytest.approx(4 * 128 / 0.5)
+    """Wall clock only (no engine timestamps): two of three repeats stalled (one prefill-only generation by
+    1 s, one full generation by 0.7 s): the estimate is that of the clean repeat, every repeat's figures are
+    kept, and a repeat whose full generation did not outlast its prefill gives no decode figure of its own."""
+    got = validate.timed_throughput(4, 32, 128, _wall([0.05, 1.05, 0.05], [0.55, 0.55, 1.25]))
+    assert got["timing"] == "wall" and got["prefill"] == pytest.approx(4 * 32 / 0.05)
+    assert got["decode"] == pytest.approx(4 * 128 / 0.5) == got["decode_wall"]
     assert got["prefill_all"] == pytest.approx([4 * 32 / 0.05, 4 * 32 / 1.05, 4 * 32 / 0.05])
     assert got["decode_all"] == pytest.approx([4 * 128 / 0.5, 4 * 128 / 1.2])
     assert (got["prefill_s_all"], got["full_s_all"]) == ([0.05, 1.05, 0.05], [0.55, 0.55, 1.25])
-    assert validate.timed_throughput(1, 8, 8, t_pre=[0.3], t_full=[0.2])["decode"] is None
+    assert validate.timed_throughput(1, 8, 8, _wall([0.3], [0.2]))["decode"] is None
+
+
+def test_engine_timestamps_leave_the_front_ends_time_out():
+    """With the engine's timestamps the estimates are the fastest engine-timed prefill and decode; the wall
+    estimate (here inflated by 40 ms of front-end time per generation, which varies between repeats) is kept
+    beside them. One repeat without timestamps puts the whole batch on the wall clock."""
+    t = validate.Timings(pre_wall=[0.06, 0.09, 0.05], full_wall=[0.56, 0.60], pre_engine=[0.02, 0.021, 0.0205],
+                         decode_engine=[0.45, 0.44], pre_steps=[1, 2, 1])
+    got = validate.timed_throughput(16, 256, 64, t)
+    assert got["timing"] == "engine"
+    assert got["prefill"] == pytest.approx(16 * 256 / 0.02) and got["decode"] == pytest.approx(16 * 64 / 0.44)
+    assert got["prefill_wall"] == pytest.approx(16 * 256 / 0.05)
+    assert got["decode_wall"] == pytest.approx(16 * 64 / (0.56 - 0.06))
+    assert got["decode_all"] == pytest.approx([16 * 64 / 0.45, 16 * 64 / 0.44])
+    assert got["prefill_engine_s_all"] == [0.02, 0.021, 0.0205] and got["decode_engine_s_all"] == [0.45, 0.44]
+    assert got["prefill_steps_all"] == [1, 2, 1]
+    partial = t._replace(decode_engine=[0.45, None])
+    assert validate.timed_throughput(16, 256, 64, partial)["timing"] == "wall"
+
+
+class _Stats:
+    def __init__(self, scheduled, first, last):
+        self.scheduled_ts, self.first_token_ts, self.last_token_ts = scheduled, first, last
+
+
+class _Out:
+    def __init__(self, *ts):
+        self.metrics = _Stats(*ts) if ts else None
+
+
+def test_engine_seconds_span_every_prefill_step_and_the_median_decode():
+    """Prefill: first request scheduled to last first token (the third request reached the engine a step
+    later: two steps); decode: the median request's first to last token. Outputs without stats (vLLM's stats
+    off) give no figure."""
+    outs = [_Out(10.0, 10.02, 10.50), _Out(10.0, 10.02, 10.52), _Out(10.02, 10.04, 10.55)]
+    prefill, decode, steps = validate.engine_seconds(outs)
+    assert prefill == pytest.approx(0.04) and decode == pytest.approx(0.50) and steps == 2
+    assert validate.engine_seconds([_Out(10.0, 10.02, 10.5), _Out()]) == (None, None, None)
+    assert validate.engine_seconds([_Out(10.0, 10.02, 10.02)]) == (pytest.approx(0.02), None, 1)  # one token
 
 
 class _Clock:
-    """A fake engine whose generations take the given seconds, in order, on a fake clock."""
+    """A fake engine whose generations take the given seconds, in order, on a fake clock; with ``engine``
+    its outputs carry engine timestamps: the prefill at 0.4 of a generation's time when it is one token,
+    the decode at 0.9 of it otherwise."""
 
-    def __init__(self, seconds):
-        self.now, self.seconds = 0.0, list(seconds)
+    def __init__(self, seconds, engine=False):
+        self.now, self.seconds, self.engine = 0.0, list(seconds), engine
 
     def generate(self, prompts, params, use_tqdm=False):
-        self.now += self.seconds.pop(0)
+        took = self.seconds.pop(0)
+        start, self.now = self.now, self.now + took
+        if not self.engine:
+            return None
+        if params == "prefill":
+            return [_Out(start + 1.0, start + 1.0 + 0.4 * took, start + 1.0 + 0.4 * took)]
+        return [_Out(start + 1.0, start + 1.0, start + 1.0 + 0.9 * took)]
 
 
 @pytest.mark.parametrize("max_repeats, seconds, calls, pre, full", [
@@ -53,23 +104,31 @@ class _Clock:
     # without max_repeats exactly the repeats
     (None, [9, 9, 1.0, 6.0, 1.0, 5.0], 6, [1.0, 1.0], [6.0, 5.0]),
 ])
-def test_generations_are_repeated_until_two_agree(monkeypatch, max_repeats, seconds, calls, pre, full):
+@pytest.mark.parametrize("engine", [False, True])
+def test_generations_are_repeated_until_two_agree(monkeypatch, max_repeats, seconds, calls, pre, full, engine):
     """After the warm-ups (9 s each, not timed) the repeats; with max_repeats, more until the two fastest
-    prefill-only and the two fastest full generations each agree within 5%, so the fastest is not a stalled one."""
-    engine = _Clock(seconds)
-    monkeypatch.setattr(validate.time, "perf_counter", lambda: engine.now)
-    got = validate.time_generations(engine, [], "prefill", "full", 2, max_repeats)
-    assert got == (pytest.approx(pre), pytest.approx(full)) and len(seconds) - len(engine.seconds) == calls
+    prefill-only and the two fastest full generations each agree within 5% (by the engine's timestamps where
+    the outputs carry them, which here scale with the wall times), so the fastest is not a stalled one."""
+    clock = _Clock(seconds, engine)
+    monkeypatch.setattr(validate.time, "perf_counter", lambda: clock.now)
+    got = validate.time_generations(clock, [], "prefill", "full", 2, max_repeats)
+    assert (got.pre_wall, got.full_wall) == (pytest.approx(pre), pytest.approx(full))
+    assert len(seconds) - len(clock.seconds) == calls
+    if engine:
+        assert got.pre_engine == pytest.approx([0.4 * p for p in pre]) and got.pre_steps == [1] * len(pre)
+        assert got.decode_engine == pytest.approx([0.9 * f for f in full])
+    else:
+        assert got.pre_engine == got.pre_steps == [None] * len(pre) and got.decode_engine == [None] * len(full)
 
 
 def test_prefill_only_generations_follow_until_a_second_is_sampled(monkeypatch):
     """Short prefills (0.1 s) get prefill-only repeats after the pairs until PREFILL_WINDOW_S of them is timed;
     the decode estimate takes the pairs' prefill times only, the prefill's fastest all of them."""
-    engine = _Clock([9, 9, 0.2, 5.0, 0.15, 5.1] + [0.1] * 8 + [0.05])
-    monkeypatch.setattr(validate.time, "perf_counter", lambda: engine.now)
-    pre, full = validate.time_generations(engine, [], "prefill", "full", 2)
-    assert pre == pytest.approx([0.2, 0.15] + [0.1] * 7) and full == pytest.approx([5.0, 5.1])  # 1.05 s of prefill
-    got = validate.timed_throughput(1, 10, 10, pre, full)
+    clock = _Clock([9, 9, 0.2, 5.0, 0.15, 5.1] + [0.1] * 8 + [0.05])
+    monkeypatch.setattr(validate.time, "perf_counter", lambda: clock.now)
+    t = validate.time_generations(clock, [], "prefill", "full", 2)
+    assert t.pre_wall == pytest.approx([0.2, 0.15] + [0.1] * 7) and t.full_wall == pytest.approx([5.0, 5.1])
+    got = validate.timed_throughput(1, 10, 10, t)
     assert got["prefill"] == pytest.approx(10 / 0.1) and got["decode"] == pytest.approx(10 / (5.0 - 0.15))
 
 
@@ -175,6 +234,41 @@ def test_a_run_where_no_op_took_a_call_widens_the_spread():
     assert rows["norm"]["verdict"] == "slower" and rows["norm"]["note"] == "norm served no call on its kernel"
 
 
+def test_runs_that_took_the_same_routes_widen_the_spread():
+    """The default set and moe-decode alone, the default set's only op that took calls here, routed every call
+    alike (call counts differ with the repeats timed, plan counts do not): two processes doing the plugin's
+    same work, 0.94 and 1.06 of plugin off at batch 16, so that 12% is noise and both are neutral there; a
+    run that took other routes, or a preset's run with other switches, is not pooled."""
+    def moe(calls, kernel=480):
+        counts = {"call": {"handover tokens-above-threshold": calls, "kernel": kernel},
+                  "plan": {"handover tokens-above-threshold": 1200, "kernel": kernel}}
+        return {"moe-decode": {"active": True, "verdicts": ["active x1"], "counts": counts, "share": {}},
+                "norm": {"active": False, "verdicts": [], "counts": {}, "share": {}}}
+
+    def at(b1, b16):
+        return {"batches": {"1": {"decode": b1, "prefill": 100.0}, "16": {"decode": b16, "prefill": 100.0}},
+                "seconds": 1.0}
+
+    runs = {"off": ([at(100.0, 100.0)], {}), "off2": ([at(101.0, 101.0)], {}),
+            "default": ([at(110.0, 94.0)], {"coverage": moe(3264)}),
+            "moe-decode": ([at(110.0, 106.0)], {"coverage": moe(3312)}),
+            "other": ([at(100.0, 90.0)], {"coverage": moe(3312, kernel=960)}),
+            "moe-alt": ([at(100.0, 90.0)], {"coverage": moe(3312), "op": "moe-decode"})}
+    entry = _entry(runs)
+    j = validate.judge(entry)
+    assert j["same_routes"] == [["default", "moe-decode"]]
+    assert j["noise"]["decode"]["16"] == pytest.approx(12 / 100) and j["noise"]["decode"]["1"] == pytest.approx(
+        1 / 100.5)
+    rows = {r["run"]: r for r in j["rows"]}
+    assert rows["default"]["verdict"] == rows["moe-decode"]["verdict"] == "faster"  # 1.095 at batch 1
+    assert "same routes as moe-decode" in rows["default"]["note"]
+    assert rows["other"]["verdict"] == "neutral" and "same routes" not in rows["other"]["note"]  # 0.896: within 12%
+    entry["runs"]["default"]["rounds"][0]["batches"]["1"]["decode"] = 100.0
+    entry["runs"]["moe-decode"]["rounds"][0]["batches"]["1"]["decode"] = 101.0
+    rows = {r["run"]: r for r in validate.judge(entry)["rows"]}
+    assert rows["default"]["verdict"] == rows["moe-decode"]["verdict"] == "neutral"
+
+
 def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},
@@ -196,7 +290,7 @@ def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run()
     assert lines[0].startswith("== m (real weights, sm90, commit c, rounds 2/2)")
     assert any(ln.split()[:1] == ["norm"] and "agrees" in ln and "1.0000" in ln for ln in lines)
     assert "moe-decode         not run: takes none" in text
-    assert "thresholds: faster/slower = a ratio beyond 1 +- max(2%, off-vs-off spread)" in text
+    assert "thresholds: faster/slower = a ratio beyond 1 +- max(2%, noise spread)" in text
     assert "below off-vs-off - 0.025 = 0.9750" in text
     assert "throughput here is not meaningful" in text
     md = validate.markdown({"models": [entry]}).splitlines()
@@ -405,6 +499,10 @@ def test_real_run_on_the_cpu_engine(tmp_path):
         (r,) = run["rounds"]
         assert "error" not in r, r
         assert set(r["batches"]) == {"1", "4"} and r["batches"]["4"]["prefill"] > 0
+        for b in r["batches"].values():  # timed by the engine core's own timestamps, which vLLM's CPU build fills
+            assert b["timing"] == "engine" and b["decode"] > 0 and b["decode_wall"] > 0
+            assert 0 < min(b["prefill_engine_s_all"]) < min(b["prefill_s_all"])
+            assert set(b["prefill_steps_all"]) == {1}  # the engine in this process: every request added first
         if label.startswith("off"):
             assert run["coverage"] is None  # the plugin off writes no report
     norm = entry["runs"]["norm"]["coverage"]["norm"]

@@ -22,16 +22,18 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from infera_vllm import harness
 
 FORMAT = "infera-vllm-validate/1"
 MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
-MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the off-vs-off spread, if larger)
+MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the noise spread, judge's, if larger)
 AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
 # a repeat "agrees" with another when their times differ by at most this: two such give a fastest that no stall
 # (0.6-2 s on the H200, a third of the repeats at worst) inflated
@@ -61,7 +63,7 @@ def measure(cfg: dict) -> dict:
 
     from vllm import LLM, SamplingParams
 
-    kwargs = dict(cfg["llm_kwargs"])
+    kwargs = {"disable_log_stats": False, **cfg["llm_kwargs"]}  # the engine's per-request timestamps (timed_throughput)
     weights = cfg.get("weights", "real")
     if weights == "dummy":
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
@@ -90,57 +92,111 @@ def measure(cfg: dict) -> dict:
         plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
                    for _ in range(batch)]
-        t_pre, t_full = time_generations(llm, prompts, prefill, full, cfg["repeats"], cfg.get("max_repeats"))
-        out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, t_pre, t_full)
+        timed = time_generations(llm, prompts, prefill, full, cfg["repeats"], cfg.get("max_repeats"))
+        out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, timed)
     return out
 
 
-def time_generations(llm, prompts: list, prefill, full, repeats: int,
-                     max_repeats: int | None = None) -> tuple[list[float], list[float]]:
-    """Wall seconds of ``repeats`` pairs of generations of ``prompts``: with ``prefill`` sampling parameters
-    (one output token) and then with ``full`` (the decode tokens too), after one warm-up of each outside the
-    timing (a new batch size's first generations run slow). With ``max_repeats``, more pairs follow, up to
-    that many in all, until the two fastest of each kind agree within STALL_TOLERANCE: then the fastest
-    (what :func:`timed_throughput` counts) is not one that a stall lengthened. Then prefill-only generations
-    alone, until PREFILL_WINDOW_S of them is timed (at most PREFILL_MAX_REPEATS in all): the first
-    ``len(t_full)`` prefill times are the pairs' (the decode estimate's), the rest only sharpen the prefill's
-    fastest."""
+class Timings(NamedTuple):
+    """One batch's repeats, in seconds: each generation's wall time (``pre_wall``: prefill-only generations,
+    ``full_wall``: with the decode tokens) and, by the engine core's own per-request timestamps
+    (:func:`engine_seconds`), each prefill-only generation's prefill (``pre_engine``) and the engine steps
+    its prompts started in (``pre_steps``), and each full generation's decode (``decode_engine``); None
+    where the outputs carried no timestamps."""
+
+    pre_wall: list[float]
+    full_wall: list[float]
+    pre_engine: list[float | None]
+    decode_engine: list[float | None]
+    pre_steps: list[int | None]
+
+
+def engine_seconds(outputs) -> tuple[float | None, float | None, int | None]:
+    """(prefill, decode, steps) of one ``generate`` call by the engine core's timestamps on its requests
+    (``RequestOutput.metrics``, vLLM's ``RequestStateStats``, filled when the engine logs stats): prefill
+    seconds from the first request scheduled to the last first token (every prefill step); decode seconds
+    the median over requests of first token to last token (the decode steps: ``max_tokens - 1`` of them);
+    steps, how many engine steps the prompts started in. Neither time counts the front end's work around
+    the engine (adding the requests, returning the outputs), which is the same with the plugin on or off
+    and varied by tens of milliseconds between repeats on the H200. The requests reach a separate engine
+    process one by one, so the first is often scheduled alone and a batch's prefill takes a step or two
+    more than one (the fastest repeat is the one that took the fewest). (None, None, None) when some
+    request carries no timestamps (stats off, or a vLLM without them)."""
+    stats = [getattr(o, "metrics", None) for o in outputs or ()]
+    if not stats or any(getattr(m, "first_token_ts", 0.0) <= 0.0 or getattr(m, "scheduled_ts", 0.0) <= 0.0
+                        for m in stats):
+        return None, None, None
+    prefill = max(m.first_token_ts for m in stats) - min(m.scheduled_ts for m in stats)
+    decode = statistics.median(m.last_token_ts - m.first_token_ts for m in stats)
+    return prefill, (decode if decode > 0 else None), len({m.scheduled_ts for m in stats})
+
+
+def time_generations(llm, prompts: list, prefill, full, repeats: int, max_repeats: int | None = None) -> Timings:
+    """``repeats`` timed pairs of generations of ``prompts``: with ``prefill`` sampling parameters (one output
+    token) and then with ``full`` (the decode tokens too), after one warm-up of each outside the timing (a
+    new batch size's first generations run slow). With ``max_repeats``, more pairs follow, up to that many
+    in all, until the two fastest of each kind agree within STALL_TOLERANCE (prefill and decode by the
+    engine's timestamps where there are any, else the wall times): then the fastest (what
+    :func:`timed_throughput` counts) is not one that a stall lengthened. Then prefill-only generations alone,
+    until PREFILL_WINDOW_S of them is timed (at most PREFILL_MAX_REPEATS in all): the first ``len(full_wall)``
+    prefill times are the pairs', the rest only sharpen the prefill's fastest."""
     llm.generate(prompts, prefill, use_tqdm=False)
     llm.generate(prompts, full, use_tqdm=False)
-    t_pre, t_full = [], []
+    t = Timings([], [], [], [], [])
 
     def settled() -> bool:
-        return all(len(t) > 1 and sorted(t)[1] <= sorted(t)[0] * (1 + STALL_TOLERANCE) for t in (t_pre, t_full))
+        kinds = ((t.pre_engine, t.decode_engine) if None not in t.pre_engine + t.decode_engine
+                 else (t.pre_wall, t.full_wall))
+        return all(len(k) > 1 and sorted(k)[1] <= sorted(k)[0] * (1 + STALL_TOLERANCE) for k in kinds)
 
-    while len(t_full) < repeats or (len(t_full) < (max_repeats or 0) and not settled()):
+    def timed_prefill() -> None:
         t0 = time.perf_counter()
-        llm.generate(prompts, prefill, use_tqdm=False)
+        outputs = llm.generate(prompts, prefill, use_tqdm=False)
+        t.pre_wall.append(time.perf_counter() - t0)
+        seconds, _, steps = engine_seconds(outputs)
+        t.pre_engine.append(seconds)
+        t.pre_steps.append(steps)
+
+    while len(t.full_wall) < repeats or (len(t.full_wall) < (max_repeats or 0) and not settled()):
+        timed_prefill()
         t1 = time.perf_counter()
-        llm.generate(prompts, full, use_tqdm=False)
-        t_pre.append(t1 - t0)
-        t_full.append(time.perf_counter() - t1)
-    while sum(t_pre) < PREFILL_WINDOW_S and len(t_pre) < PREFILL_MAX_REPEATS:
-        t0 = time.perf_counter()
-        llm.generate(prompts, prefill, use_tqdm=False)
-        t_pre.append(time.perf_counter() - t0)
-    return t_pre, t_full
+        outputs = llm.generate(prompts, full, use_tqdm=False)
+        t.full_wall.append(time.perf_counter() - t1)
+        t.decode_engine.append(engine_seconds(outputs)[1])
+    while sum(t.pre_wall) < PREFILL_WINDOW_S and len(t.pre_wall) < PREFILL_MAX_REPEATS:
+        timed_prefill()
+    return t
 
 
-def timed_throughput(batch: int, plen: int, dlen: int, t_pre: list[float], t_full: list[float]) -> dict:
-    """Prefill and decode tokens/s of one batch size from its repeats' wall times: ``t_pre`` of the
-    prefill-only generations (``plen`` tokens each), ``t_full`` of the same prompts with ``dlen`` more tokens.
+def timed_throughput(batch: int, plen: int, dlen: int, t: Timings) -> dict:
+    """Prefill and decode tokens/s of one batch size from its repeats (:class:`Timings`): ``plen`` prompt
+    tokens per sequence, ``dlen`` decode tokens after the first output token.
 
-    The estimate is the fastest repeat of each (decode: ``batch·dlen / (min t_full - min t_pre)`` over the
-    pairs, the prefill's share taken out; ``t_pre`` may hold more prefill-only repeats than there are pairs,
-    which count for the prefill only): stalls only add time to a generation (on the H200, single generations at
-    batch >= 4 took 0.6-2 s longer in plugin-off and plugin-on runs alike, in a third of the repeats, so the
-    median of five could be a stalled one), while a generation is never faster than its work. ``*_all`` keep
-    every repeat's figures (decode per repeat where its full generation outlasted its prefill)."""
-    pre_all = [batch * plen / t for t in t_pre]
-    decode_all = [batch * dlen / (f - p) for p, f in zip(t_pre, t_full) if f > p]
-    best = min(t_full) - min(t_pre[:len(t_full)])
-    return {"decode": batch * dlen / best if best > 0 else None, "prefill": batch * plen / min(t_pre),
-            "decode_all": decode_all, "prefill_all": pre_all, "prefill_s_all": t_pre, "full_s_all": t_full}
+    Each estimate is the fastest repeat: stalls only add time (on the H200, single generations at batch >= 4
+    took 0.6-2 s longer in plugin-off and plugin-on runs alike, in a third of the repeats, so the median of
+    five could be a stalled one), while a generation is never faster than its work. ``timing`` says which
+    clock: ``engine`` (every repeat carried the engine's timestamps: prefill ``batch·plen / min pre_engine``,
+    decode ``batch·dlen / min decode_engine``) or ``wall`` (prefill ``batch·plen / min pre_wall``, decode
+    ``batch·dlen / (min full_wall - min pre_wall)`` over the pairs, the prefill's share taken out).
+    ``decode_wall``/``prefill_wall`` keep the wall estimate beside the engine's; ``*_all`` every repeat's
+    figures (decode by the wall per repeat where its full generation outlasted its prefill)."""
+    pairs = len(t.full_wall)
+    best_wall = min(t.full_wall) - min(t.pre_wall[:pairs])
+    wall = {"decode": batch * dlen / best_wall if best_wall > 0 else None,
+            "prefill": batch * plen / min(t.pre_wall)}
+    engine = None not in t.pre_engine + t.decode_engine and bool(t.pre_engine)
+    out = {"timing": "engine" if engine else "wall", **wall, "decode_wall": wall["decode"],
+           "prefill_wall": wall["prefill"],
+           "decode_all": [batch * dlen / (f - p) for p, f in zip(t.pre_wall, t.full_wall) if f > p],
+           "prefill_all": [batch * plen / s for s in t.pre_wall], "prefill_s_all": t.pre_wall,
+           "full_s_all": t.full_wall}
+    if engine:
+        out.update(decode=batch * dlen / min(t.decode_engine), prefill=batch * plen / min(t.pre_engine),
+                   decode_all=[batch * dlen / s for s in t.decode_engine],
+                   prefill_all=[batch * plen / s for s in t.pre_engine],
+                   prefill_engine_s_all=t.pre_engine, decode_engine_s_all=t.decode_engine,
+                   prefill_steps_all=t.pre_steps)
+    return out
 
 
 def prompt_len(opts: dict, batch: int) -> int:
@@ -336,7 +392,9 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     every plugin-off round (off and off2); the threshold is ``max(min_effect, spread)``, the spread being
     (max - min) / median of those plugin-off rounds and of the rounds of every run in which no op took a call
     (plugin off's work in another process: a third sample of the noise between processes, which two plugin-off
-    processes underestimate); a point with one such round has no spread and is not judged (with none judged,
+    processes underestimate), widened to the spread within each group of runs whose ops took the same routes
+    (:func:`replicates`: the plugin's same work in separate processes); a point with one plugin-off round
+    has no spread and is not judged (with none judged,
     the verdict is the agreement's, as on the CPU). ``faster``: some point
     above 1 + threshold and none below 1 - threshold; ``slower``: some point below; else ``neutral``.
     Agreement (real weights): the run's teacher-forced top-1 agreement with ``off`` must reach
@@ -349,6 +407,7 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
     idle = [r for label, run in runs.items() if not label.startswith("off") and _took_no_call(run)
             for r in run.get("rounds", []) if "batches" in r]  # plugin off's work in another process
+    same_routes = replicates(runs)
     noise: dict = {"decode": {}, "prefill": {}}
     base: dict = {"decode": {}, "prefill": {}}
     for metric in noise:
@@ -360,6 +419,12 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
                 base[metric][str(b)] = harness.median(values)
                 noise[metric][str(b)] = ((max(samples) - min(samples)) / base[metric][str(b)]
                                          if len(samples) > 1 else None)
+            for group in same_routes:  # the plugin's own work in two processes: its spread is noise too
+                got = [v for label in group for r in runs[label].get("rounds", []) if "batches" in r
+                       if (v := r["batches"].get(str(b), {}).get(metric))]
+                if noise[metric].get(str(b)) is not None and len(got) > 1:
+                    spread = (max(got) - min(got)) / harness.median(got)
+                    noise[metric][str(b)] = max(noise[metric][str(b)], spread)
     off2 = (runs.get("off2") or {}).get("agreement")
     triton = (runs.get("off-triton") or {}).get("agreement")
     floor = off2["agreement"] - tolerance if off2 else None
@@ -415,6 +480,10 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
                                                   row["note"])))
         elif not whole_set and not served:
             row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel", row["note"])))
+        if twins := next((g for g in same_routes if label in g), None):
+            others = ", ".join(x for x in twins if x != label)
+            row["note"] = "; ".join(filter(None, (row["note"], f"same routes as {others}: their spread is "
+                                                               "counted in the threshold")))
         rows.append({**row, "verdict": verdict})
     cost = (startups["every-op"] / startups["every-op-nocheck"] - 1
             if "every-op" in startups and "every-op-nocheck" in startups else None)
@@ -425,7 +494,7 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             continue
         references.append({"run": label, "ratios": _ratios_to_off(good, base),
                            "agreement": (run.get("agreement") or {}).get("agreement")})
-    return {"rows": rows, "references": references,
+    return {"rows": rows, "references": references, "same_routes": same_routes,
             "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
             "startup_off_s": harness.median(off_startup) if off_startup else None, "self_check_startup_cost": cost,
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
@@ -447,7 +516,8 @@ def _ratios_to_off(rounds: list[dict], base: dict) -> dict:
 def rows(entry: dict) -> list[dict]:
     """The entry's ratios one row per run and batch size, as the end-to-end benchmarks write them: ``model``,
     ``run``, ``batch``, ``prompt_tokens``, ``decode_ratio`` and ``prefill_ratio`` (the run's median over plugin
-    off's, > 1 faster), the off-vs-off ``decode_spread`` and ``prefill_spread``, the run's ``verdict``."""
+    off's, > 1 faster), the noise spreads the verdict used (``decode_spread``, ``prefill_spread``: :func:`judge`),
+    the run's ``verdict``."""
     j = judge(entry, **entry.get("judge_options", {}))
     out = []
     for row in j["rows"]:
@@ -465,6 +535,30 @@ def rows(entry: dict) -> list[dict]:
 def with_rows(doc: dict) -> dict:
     """``doc`` with each entry's :func:`rows` (derived: recomputed whenever the results are written)."""
     return {**doc, "models": [{**e, "rows": rows(e)} for e in doc["models"]]}
+
+
+def replicates(runs: dict) -> list[list[str]]:
+    """Groups of two or more plugin-on runs (the default set, ops alone) in which the ops took the same
+    routes (:func:`_routes`): the same work in separate processes, so their differences are noise between
+    processes, as off's and off2's are (the default set on sm90 is often one op alone in effect)."""
+    groups: dict = {}
+    for label, run in runs.items():
+        if label.startswith(("off", "every-op")) or "op" in run:  # plugin off, or other switches/arguments
+            continue
+        if signature := _routes(run):
+            groups.setdefault(signature, []).append(label)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _routes(run: dict) -> tuple:
+    """What a plugin-on run's ops did, for throughput's sake: per op that took calls, the routes of its calls
+    and its plan- and trace-time counts (call counts grow with the repeats a run happened to time; plan and
+    trace counts do not). Empty where no op took a call or there is no coverage."""
+    cov = run.get("coverage") or {}
+    return tuple(sorted((op, tuple(sorted(r for r, n in c["counts"].get("call", {}).items() if n)),
+                         tuple(sorted((at, tuple(sorted(by.items()))) for at, by in c["counts"].items()
+                                      if at != "call")))
+                        for op, c in cov.items() if _called(c)))
 
 
 def _took_no_call(run: dict) -> bool:
@@ -530,7 +624,8 @@ def render(doc: dict) -> str:
         noise, pre_noise = (" ".join("-" if v is None else f"{v:.1%}" for v in j["noise"][m].values())
                             for m in ("decode", "prefill"))
         agree = j["agreement_off_vs_off"]
-        out.append(f"  off-vs-off: decode spread {noise}, prefill spread {pre_noise} at batch {bs}; top-1 agreement "
+        out.append(f"  noise (off, off2 and runs that did the same work): decode spread {noise}, prefill spread "
+                   f"{pre_noise} at batch {bs}; top-1 agreement off vs off2 "
                    f"{'-' if agree is None else f'{agree:.4f}'}"
                    + (f"; off vs TRITON_ATTN {j['agreement_off_vs_triton']:.4f}"
                       if j["agreement_off_vs_triton"] else ""))
@@ -566,7 +661,7 @@ def render(doc: dict) -> str:
             out.append(f"  self-check startup cost: {j['self_check_startup_cost']:+.1%} (every-op vs every-op-nocheck)")
         t = j["thresholds"]
         why_not = "dummy weights" if entry["weights"] == "dummy" else "no off-vs-off agreement"
-        out.append(f"  thresholds: faster/slower = a ratio beyond 1 +- max({t['min_effect']:.0%}, off-vs-off spread) "
+        out.append(f"  thresholds: faster/slower = a ratio beyond 1 +- max({t['min_effect']:.0%}, noise spread) "
                    f"at any batch; disagrees = agreement below off-vs-off - {t['agreement_tolerance']}"
                    + (f" = {t['agreement_floor']:.4f}" if t["agreement_floor"] is not None else
                       f" (not judged: {why_not})"))
