@@ -41,7 +41,8 @@ def section(path: str = RESULTS) -> str:
         rounds = min((len(r["rounds"]) for r in e["runs"].values()), default=0)
         lines.append(f"- {e['model']}: {e['weights']} weights, {env.get('gpu_detail') or env.get('gpu_family')}, "
                      f"vLLM {env.get('vllm')}, commit {str(e.get('commit'))[:12]}, rounds {rounds}/"
-                     f"{e['options']['rounds']}, batches {', '.join(map(str, e['options']['batches']))}")
+                     f"{e['options']['rounds']}, batches {', '.join(map(str, e['options']['batches']))}, "
+                     f"timed by {validate.clock(e)}")
     tail = (["", "Earlier runs, kept in the JSON: " + ", ".join(
         f"{e['model']} at {str(e.get('commit'))[:12]}" for e in earlier) + "."] if earlier else [])
     return "\n".join(lines + ["", validate.markdown(doc)] + tail)

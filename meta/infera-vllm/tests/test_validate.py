@@ -65,6 +65,18 @@ class _Out:
         self.metrics = _Stats(*ts) if ts else None
 
 
+def test_the_clock_of_an_entry_is_named():
+    entry = _entry(_runs(norm=([_round(101.0)], {})))
+    assert validate.clock(entry) == "wall clock"
+    for run in entry["runs"].values():
+        for r in run["rounds"]:
+            for b in r["batches"].values():
+                b["timing"] = "engine"
+    assert validate.clock(entry) == "engine timestamps"
+    entry["runs"]["norm"]["rounds"][0]["batches"]["16"]["timing"] = "wall"
+    assert validate.clock(entry) == "mixed clocks"
+
+
 def test_engine_seconds_span_every_prefill_step_and_the_median_decode():
     """Prefill: first request scheduled to last first token (the third request reached the engine a step
     later: two steps); decode: the median request's first to last token. Outputs without stats (vLLM's stats
@@ -287,7 +299,7 @@ def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run()
     entry["skipped"] = {"moe-decode": "takes none of the model's 0 moe layers"}
     text = validate.render({"models": [entry]})
     lines = text.splitlines()
-    assert lines[0].startswith("== m (real weights, sm90, commit c, rounds 2/2)")
+    assert lines[0] == "== m (real weights, sm90, commit c, rounds 2/2, wall clock)"  # no `timing`: the wall
     assert any(ln.split()[:1] == ["norm"] and "agrees" in ln and "1.0000" in ln for ln in lines)
     assert "moe-decode         not run: takes none" in text
     assert "thresholds: faster/slower = a ratio beyond 1 +- max(2%, noise spread)" in text
@@ -347,7 +359,7 @@ def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_p
     assert entry["runs"]["norm"]["agreement"]["agreement"] == 1.0 and entry["reference"]["model_accuracy"] == 1.0
     assert all(len(r["rounds"]) == 2 for r in entry["runs"].values())
     assert os.path.isfile(out.replace(".json", ".png"))
-    assert "== tiny (real weights, sm90, commit abc123, rounds 2/2)" in capsys.readouterr().out
+    assert "== tiny (real weights, sm90, commit abc123, rounds 2/2, wall clock)" in capsys.readouterr().out
 
     fake_engine.clear()
     assert validate.main(args) == 0  # same commit, same options: nothing runs

@@ -561,6 +561,16 @@ def _routes(run: dict) -> tuple:
                         for op, c in cov.items() if _called(c)))
 
 
+def clock(entry: dict) -> str:
+    """Which clock timed the entry's throughput (timed_throughput's ``timing``): ``engine timestamps`` when
+    every measured batch of every run was, ``wall clock`` when none was (or the entry predates ``timing``),
+    else ``mixed clocks``."""
+    kinds = {b.get("timing", "wall") for run in entry["runs"].values() for r in run.get("rounds", [])
+             for b in r.get("batches", {}).values()}
+    return {frozenset({"engine"}): "engine timestamps", frozenset({"wall"}): "wall clock"}.get(
+        frozenset(kinds), "mixed clocks" if kinds else "nothing timed")
+
+
 def _took_no_call(run: dict) -> bool:
     """A plugin-on run whose report shows no op taking any call: it did plugin off's work."""
     return run.get("coverage") is not None and not any(_called(c) for c in run["coverage"].values())
@@ -619,7 +629,8 @@ def render(doc: dict) -> str:
         j = judge(entry, **entry.get("judge_options", {}))
         rounds = min((len(r["rounds"]) for r in entry["runs"].values()), default=0)
         out += [f"== {entry['model']} ({entry['weights']} weights, {entry['environment'].get('gpu_family')}, "
-                f"commit {str(entry.get('commit'))[:12]}, rounds {rounds}/{entry['options']['rounds']})"]
+                f"commit {str(entry.get('commit'))[:12]}, rounds {rounds}/{entry['options']['rounds']}, "
+                f"{clock(entry)})"]
         bs = " ".join(str(b) for b in entry["options"]["batches"])
         noise, pre_noise = (" ".join("-" if v is None else f"{v:.1%}" for v in j["noise"][m].values())
                             for m in ("decode", "prefill"))
