@@ -33,7 +33,7 @@ from infera_vllm import harness
 
 FORMAT = "infera-vllm-validate/1"
 MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
-MIN_EFFECT = 0.02  # a throughput ratio must leave 1 by more than this (or the noise spread, judge's, if larger)
+MIN_EFFECT = 0.02  # a ratio must leave 1 by more than this, or by judge's spread between like processes if larger
 AGREEMENT_TOLERANCE = 0.025  # vLLM's own correct kernel pairs flip 1.7-1.8% of SmolLM2's top-1s on the H200
 # a repeat "agrees" with another when their times differ by at most this: two such give a fastest that no stall
 # (0.6-2 s on the H200, a third of the repeats at worst) inflated
@@ -120,7 +120,7 @@ def engine_seconds(outputs) -> tuple[float | None, float | None, int | None]:
     the engine (adding the requests, returning the outputs), which is the same with the plugin on or off
     and varied by tens of milliseconds between repeats on the H200. The requests reach a separate engine
     process one by one, so the first is often scheduled alone and a batch's prefill takes a step or two
-    more than one (the fastest repeat is the one that took the fewest). (None, None, None) when some
+    more than one, which lengthens that repeat. (None, None, None) when some
     request carries no timestamps (stats off, or a vLLM without them)."""
     stats = [getattr(o, "metrics", None) for o in outputs or ()]
     if not stats or any(getattr(m, "first_token_ts", 0.0) <= 0.0 or getattr(m, "scheduled_ts", 0.0) <= 0.0
