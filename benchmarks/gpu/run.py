@@ -345,8 +345,8 @@ def validate_preset(r: Runner, preset: str | None, models: str | None, results: 
     this one stopped without the file being carried back first."""
     source = ["--preset", preset] if preset else ["--matrix", "benchmarks/validation/matrix.json"]
     results = results or f"benchmarks/results/{machine}/validation/{preset or 'validation'}.json"
-    live = r.out / Path(results).name
-    seed = KEPT / live.name if (KEPT / live.name).exists() else ROOT / results
+    live, kept = r.out / Path(results).name, KEPT / Path(results).name
+    seed = kept if kept.exists() else ROOT / results
     if r.dry_run or seed.exists():
         r.run(["cp", str(seed), str(live)])
     job = r.run(vllm_cli("validate", *source, *(["--models", models] if models else []), "--out", str(live),

@@ -567,8 +567,9 @@ def clock(entry: dict) -> str:
     else ``mixed clocks``."""
     kinds = {b.get("timing", "wall") for run in entry["runs"].values() for r in run.get("rounds", [])
              for b in r.get("batches", {}).values()}
-    return {frozenset({"engine"}): "engine timestamps", frozenset({"wall"}): "wall clock"}.get(
-        frozenset(kinds), "mixed clocks" if kinds else "nothing timed")
+    if len(kinds) > 1:
+        return "mixed clocks"
+    return {"engine": "engine timestamps", "wall": "wall clock"}.get(kinds.pop() if kinds else None, "nothing timed")
 
 
 def _took_no_call(run: dict) -> bool:
