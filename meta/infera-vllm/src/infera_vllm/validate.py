@@ -119,7 +119,7 @@ def engine_seconds(outputs) -> tuple[float | None, float | None, int | None]:
     steps, how many engine steps the prompts started in. Neither time counts the front end's work around
     the engine (adding the requests, returning the outputs), which is the same with the plugin on or off
     and varied by tens of milliseconds between repeats on the H200. The requests reach a separate engine
-    process one by one, so the first is often scheduled alone and a batch's prefill takes a step or two
+    process one by one, so the first can be scheduled alone and a batch's prefill then takes a step or two
     more than one, which lengthens that repeat. (None, None, None) when some
     request carries no timestamps (stats off, or a vLLM without them)."""
     stats = [getattr(o, "metrics", None) for o in outputs or ()]
