@@ -63,8 +63,7 @@ Work split (``_paged_prefill_kernel``, grid = (T // BLOCK_Q + R, Hkv)): a progra
 query tokens of one request and the G query heads of one KV head: BLOCK_M = BLOCK_Q·G rows (token-major),
 so every K/V tile is read once for all of them. The program finds its request by binary search over the
 query offsets (``query_start_loc``), with ``T // BLOCK_Q + R`` an upper bound on the blocks needed (each
-request's last block may be partial); programs past their request's tokens exit. Programs are numbered
-from the last block down, so the longest causal blocks start first. The key tiles at or
+request's last block may be partial); programs past their request's tokens exit. The key tiles at or
 before the program's first query position are visible to all its rows and run without the causal mask;
 only the tiles after it (at most BLOCK_Q / BLOCK_N + 1) are masked (every tile under a sliding window).
 That second loop (``UNMASKED_TILES``) is off on ROCm, where the two loops' live state spills at D = 80
@@ -401,12 +400,8 @@ def _paged_prefill_kernel(
     ``seq_lens_ptr`` [R] and ``query_start_loc_ptr`` [R + 1] as vLLM passes them. Switches: HAS_SINKS (a sink
     logit per query head in the denominator), HAS_SOFTCAP (cap · tanh(s / cap) on the logits), HAS_WINDOW
     (keys more than ``window_left`` behind the query masked), FP32_DOT (dots in fp32: Triton's CPU
-    interpreter), UNMASKED_TILES (module docstring).
-
-    Programs take the query blocks last first (pid = programs - 1 - program_id): a causal block's work grows
-    with its position, and the GPU starts programs in launch order, so the longest start first and the last
-    wave holds short ones instead of the longest (list scheduling, longest first)."""
-    pid = tl.num_programs(0) - 1 - tl.program_id(0)
+    interpreter), UNMASKED_TILES (module docstring)."""
+    pid = tl.program_id(0)
     h = tl.program_id(1)
     r = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + r)
