@@ -36,6 +36,16 @@ def test_sites_of_a_moe_model():
     assert sum(s.kind == "rms_norm" for s in sites) == 4 * 48 + 1  # + q_norm/k_norm per layer
 
 
+def test_sites_of_gemma2_and_gpt_oss():
+    gemma2 = {**LLAMA, "model_type": "gemma2", "num_hidden_layers": 4}
+    assert sum(s.kind == "rms_norm" for s in model_sites.sites(gemma2)) == 4 * 4 + 1  # pre/post MLP norms too
+    gpt_oss = {**QWEN3_MOE, "model_type": "gpt_oss", "num_hidden_layers": 2, "num_experts": None,
+               "num_local_experts": 32, "hidden_act": "silu"}
+    moe = [s.attrs for s in model_sites.sites(gpt_oss) if s.kind == "moe"]
+    assert len(moe) == 2 and moe[0]["activation"] == "swigluoai" and moe[0]["bias"] is True
+    assert [s.attrs["bias"] for s in model_sites.sites(QWEN3_MOE) if s.kind == "moe"][0] is False
+
+
 @pytest.mark.cpu_build  # asserts the CPU build's verdicts (Triton ops decline there)
 def test_doctor_reports_every_op_and_fails_when_a_requested_op_cannot_activate(tmp_path):
     proc = doctor("--json")

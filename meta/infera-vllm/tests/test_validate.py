@@ -281,6 +281,34 @@ def test_runs_that_took_the_same_routes_widen_the_spread():
     assert rows["default"]["verdict"] == rows["moe-decode"]["verdict"] == "neutral"
 
 
+def test_an_op_alone_is_not_rerun_where_the_default_set_already_did_its_work():
+    """default_covers: the default set's only op that took calls, needing no switch to serve alone, would
+    take the same routes alone; other ops that took any call (or attn-paged, which serves alone only with its
+    switch) still run alone. A covered run carries the default set's figures, is judged like it, and is not
+    pooled with it as a second process."""
+    def cov(**called):
+        return {op: {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": n}} if n else {},
+                     "share": {}} for op, n in called.items()}
+
+    default = {"rounds": [_round(110.0)], "coverage": cov(**{"moe-decode": 5, "norm": 0})}
+    runs = {"default": default, "moe-decode": {"rounds": []}, "norm": {"rounds": []},
+            "moe-alt": {"rounds": [], "op": "moe-decode"}}
+    assert validate.default_covers(runs, "moe-decode", 0) is default
+    assert validate.default_covers(runs, "moe-decode", 1) is None  # that round of the default set is not measured
+    assert validate.default_covers(runs, "norm", 0) is None and validate.default_covers(runs, "moe-alt", 0) is None
+    assert validate.default_covers({**runs, "default": {**default, "coverage": cov(**{"moe-decode": 5, "norm": 2})}},
+                                   "moe-decode", 0) is None
+    attn = {"default": {"rounds": [_round(110.0)], "coverage": cov(**{"attn-paged": 5})}, "attn-paged": {"rounds": []}}
+    assert validate.default_covers(attn, "attn-paged", 0) is None  # alone it serves every attention layer
+    entry = _entry({"off": ([_round(100.0)], {}), "off2": ([_round(101.0)], {}),
+                    "default": ([_round(110.0)], {"coverage": default["coverage"]}),
+                    "moe-decode": ([_round(110.0)], {"coverage": default["coverage"], "measured_by": "default"})})
+    j = validate.judge(entry)
+    rows = {r["run"]: r for r in j["rows"]}
+    assert j["same_routes"] == [] and rows["moe-decode"]["verdict"] == rows["default"]["verdict"] == "faster"
+    assert "not run alone: the only op that took calls in default" in rows["moe-decode"]["note"]
+
+
 def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},

@@ -36,6 +36,26 @@ def test_policy_decisions(over, reason):
     assert policy.decline_reason(**_args(**shape, **over)) == reason
 
 
+@pytest.mark.parametrize("over, reason", [
+    ({"activation": "swigluoai"}, "activation"),
+    ({"w1_bias": torch.zeros(4, 64)}, "bias"),
+    ({"dtype": torch.float32}, "dtype"),
+])
+def test_what_the_kernel_cannot_compute_outranks_the_token_count(over, reason):
+    """A call the kernel could never take is counted under its reason (a fallback), not handed over as too
+    large: gpt-oss's clamped SwiGLU at 64 tokens is `activation`."""
+    shape = {k: over.pop(k) for k in ("dtype",) if k in over}
+    assert policy.decline_reason(**_args(M=64, **shape, **over)) == reason
+
+
+def test_site_decline_matches_the_per_call_reasons():
+    assert policy.site_decline({"dtype": "bfloat16", "activation": "silu", "bias": False}) is None
+    assert policy.site_decline({"dtype": "torch.float16", "activation": "SiLU"}) is None
+    assert policy.site_decline({"dtype": "bfloat16", "activation": "swigluoai", "bias": True})[0] == "activation"
+    assert policy.site_decline({"dtype": "bfloat16", "activation": "silu", "bias": True})[0] == "bias"
+    assert policy.site_decline({"dtype": "float32", "activation": "silu"})[0] == "dtype"
+
+
 def test_policy_refuses_mismatched_layout():
     args = _args()
     args["w2"] = torch.randn(4, 64, 48, dtype=torch.bfloat16)  # I of w2 != half of w13's rows

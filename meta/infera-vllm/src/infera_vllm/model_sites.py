@@ -2,7 +2,8 @@
 
 Used by ``infera-vllm doctor --model`` before serving, so it works without vLLM building the model. It
 covers the Llama / Mistral / Qwen / Mixtral / DeepSeek-style decoder layout (norms, attention, MLP or MoE,
-projections); a field it does not know is simply not used, and ``dtype`` is the config's ``torch_dtype``.
+projections), with Gemma-2's norms around the MLP and gpt-oss's experts (biases, vLLM's ``swigluoai``
+activation); a field it does not know is simply not used, and ``dtype`` is the config's ``torch_dtype``.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def sites(cfg: dict[str, object]) -> list[Site]:
     topk = int(_first(text, "num_experts_per_tok", "moe_topk", default=0) or 0)
     dtype = str(_first(text, "torch_dtype", "dtype", default=cfg.get("torch_dtype", "bfloat16")))
     window = _first(text, "sliding_window")
-    qk_norm = str(text.get("model_type", "")).startswith("qwen3")
+    model_type = str(text.get("model_type", ""))
+    qk_norm = model_type.startswith("qwen3")
+    sandwich = model_type.startswith(("gemma2", "gemma3"))  # a norm before and after the MLP as well
+    gpt_oss = model_type == "gpt_oss"  # experts with biases and a clamped SwiGLU (vLLM's "swigluoai")
     norm = {"hidden_size": hidden, "dtype": dtype}
     out: list[Site] = []
     for i in range(layers):
@@ -108,10 +112,14 @@ def sites(cfg: dict[str, object]) -> list[Site]:
         }))
         out.append(Site("linear", f"{p}.self_attn.o_proj", {"n": hidden, "k": heads * head_dim, "dtype": dtype}))
         out.append(Site("rms_norm", f"{p}.post_attention_layernorm", norm))
+        if sandwich:
+            out.append(Site("rms_norm", f"{p}.pre_feedforward_layernorm", norm))
+            out.append(Site("rms_norm", f"{p}.post_feedforward_layernorm", norm))
         if _is_moe_layer(text, i, experts):
             out.append(Site("moe", f"{p}.mlp.experts", {
                 "num_experts": experts, "hidden_size": hidden, "intermediate_size": moe_inter, "top_k": topk,
-                "dtype": dtype, "activation": str(text.get("hidden_act", "silu")),
+                "dtype": dtype, "activation": "swigluoai" if gpt_oss else str(text.get("hidden_act", "silu")),
+                "bias": gpt_oss,
             }))
         else:
             out.append(Site("linear", f"{p}.mlp.gate_up_proj", {"n": 2 * inter, "k": hidden, "dtype": dtype}))

@@ -480,6 +480,9 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
                                                   row["note"])))
         elif not whole_set and not served:
             row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel", row["note"])))
+        if run.get("measured_by"):
+            row["note"] = "; ".join(filter(None, (row["note"], f"not run alone: the only op that took calls in "
+                                                               f"{run['measured_by']}, whose figures these are")))
         if twins := next((g for g in same_routes if label in g), None):
             others = ", ".join(x for x in twins if x != label)
             row["note"] = "; ".join(filter(None, (row["note"], f"same routes as {others}: their spread is "
@@ -543,8 +546,8 @@ def replicates(runs: dict) -> list[list[str]]:
     processes, as off's and off2's are (the default set on sm90 is often one op alone in effect)."""
     groups: dict = {}
     for label, run in runs.items():
-        if label.startswith(("off", "every-op")) or "op" in run:  # plugin off, or other switches/arguments
-            continue
+        if label.startswith(("off", "every-op")) or "op" in run or "measured_by" in run:
+            continue  # plugin off, other switches/arguments, or another run's figures
         if signature := _routes(run):
             groups.setdefault(signature, []).append(label)
     return [g for g in groups.values() if len(g) > 1]
@@ -1029,6 +1032,14 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             if written.returncode != 0:
                 raise InputError(f"{m['name']}: writing its random checkpoint failed (exit {written.returncode})")
         run = entry["runs"][c["label"]]
+        if (twin := default_covers(entry["runs"], c["label"], r)) is not None:
+            run.update(measured_by="default", coverage=twin.get("coverage"),
+                       **({"agreement": twin["agreement"]} if "agreement" in twin else {}))
+            run["rounds"].append(twin["rounds"][r])
+            if args.out:
+                _write(doc, args.out)
+            bar.update()
+            continue
         env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
         report_dir = os.path.join(work, m["name"], f"{c['label']}-r{r}")
         env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
@@ -1056,6 +1067,20 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         bar.update()
     bar.close()
     return failed
+
+
+def default_covers(runs: dict, label: str, r: int) -> dict | None:
+    """The ``default`` run when its round ``r`` already measured what op ``label`` alone would: the op took
+    calls there and no other op did (not even to hand one over), and the op needs no switch of its own to
+    serve alone (``ALONE_ENV``). The other ops were installed but did nothing, so the op alone would take the
+    same routes (what :func:`replicates` pools as the same work); that run is not made, its figures are the
+    default set's (``measured_by``). None: the op runs alone."""
+    default, run = runs.get("default"), runs.get(label)
+    if (default is None or run is None or label.startswith("off") or "op" in run or label == "default"
+            or ALONE_ENV.get(label) or len(default.get("rounds", [])) <= r or "batches" not in default["rounds"][r]):
+        return None
+    called = {op for op, c in (default.get("coverage") or {}).items() if _called(c)}
+    return default if called == {label} else None
 
 
 def _has_checkpoint(path: str) -> bool:

@@ -43,12 +43,13 @@ HANDOVERS = ("tokens-above-threshold",)
 
 def decline_reason(hidden_states, w1, w2, topk_ids, activation, expert_map, apply_router_weight_on_input,
                    a1q_scale, w1_bias, w2_bias, serves: Callable[[int, int, int, int, int], bool]) -> str | None:
-    """None when the kernel can serve the call, else a reason code. ``serves(M, E, H, I, top-k)``: whether the
+    """None when the kernel can serve the call, else a reason code. What the kernel cannot compute (dtype,
+    activation, bias, layout, ...) is checked before the token count, so a call the kernel could never take
+    is counted under that reason, not handed over as too large. ``serves(M, E, H, I, top-k)``: whether the
     family's tuning takes M tokens for this expert shape (``Tuning.serves``); an expert map (expert parallel)
     is served: the kernel skips the experts held elsewhere."""
-    if (hidden_states.dim() != 2 or topk_ids.dim() != 2 or w1.dim() != 3
-            or not serves(hidden_states.shape[0], w1.shape[0], w1.shape[2], w1.shape[1] // 2, topk_ids.shape[1])):
-        return "tokens-above-threshold"
+    if hidden_states.dim() != 2 or topk_ids.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
+        return "layout"
     if hidden_states.dtype not in DTYPES:
         return "dtype"
     if w1.dtype != hidden_states.dtype or w2.dtype != hidden_states.dtype or a1q_scale is not None:
@@ -67,6 +68,23 @@ def decline_reason(hidden_states, w1, w2, topk_ids, activation, expert_map, appl
         return "layout"
     if hidden_states.device.type not in ("cuda", "cpu"):
         return "device"
+    if not serves(hidden_states.shape[0], E, H, two_i // 2, topk_ids.shape[1]):
+        return "tokens-above-threshold"
+    return None
+
+
+def site_decline(attrs: dict) -> tuple[str, str] | None:
+    """What ``decline_reason`` would answer for every call of a MoE layer described by its model-site
+    attributes (``infera_vllm.model_sites``: dtype, activation, bias), as (reason, detail); None when the
+    layer's calls are the kernel's to take, up to the tuning's token counts."""
+    dtype = str(attrs.get("dtype", "bfloat16")).replace("torch.", "")
+    if dtype not in ("bfloat16", "float16"):
+        return "dtype", f"{dtype}: the kernel takes bf16/fp16 experts"
+    activation = str(attrs.get("activation", "silu")).lower()
+    if activation != "silu":
+        return "activation", f"{activation}: the kernel computes SiLU(gate) * up"
+    if attrs.get("bias"):
+        return "bias", "expert biases: the kernel has none"
     return None
 
 

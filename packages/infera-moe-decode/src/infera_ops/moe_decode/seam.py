@@ -72,6 +72,14 @@ def activate(ctx) -> Decline | None:
     return None
 
 
+def plan(site) -> Decline | None:
+    """Would the kernel take this MoE layer's calls (``doctor --model``, and which runs ``validate`` makes)?
+    The layer's activation, biases and dtype decide it (``policy.site_decline``); per call, the token count
+    and the other reasons of ``policy.decline_reason`` still apply."""
+    why = policy.site_decline(site.attrs)
+    return None if why is None else Decline(*why)
+
+
 def _experts_class(base: type, tuned: Tuning, count: coverage.CallCounts, check: self_check.Checker,
                    keep_unpacked: bool, check_against_vllm: bool) -> type:
     class InferaDecodeExperts(base):

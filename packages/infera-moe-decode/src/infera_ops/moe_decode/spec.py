@@ -17,6 +17,7 @@ SPEC = OpSpec(
     ),
     gpu_families=GPU_FAMILIES,
     activate="infera_ops.moe_decode.seam:activate",
+    plan="infera_ops.moe_decode.seam:plan",
     sites=("moe",),
     self_check_bound=3e-2,  # bf16 output and activation roundings: 4e-3-8e-3 measured against vLLM on the H200
     switches=(
