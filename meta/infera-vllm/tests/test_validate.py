@@ -309,6 +309,28 @@ def test_an_op_alone_is_not_rerun_where_the_default_set_already_did_its_work():
     assert "not run alone: the only op that took calls in default" in rows["moe-decode"]["note"]
 
 
+def test_a_run_that_served_nothing_is_never_faster_and_trace_time_declines_are_plugin_offs_work():
+    """norm on Gemma-2 declined every norm while the graph was traced (fp32 weights): the compiled graph is
+    vLLM's, so that run joins the noise; a run whose op declined at call time, and served nothing, may be
+    slower (its checks cost time) but a gain there is noise."""
+    def cov(op, at, route):
+        return {op: {"active": True, "verdicts": ["active x1"], "counts": {at: {route: 9}}, "share": {}}}
+
+    runs = {"off": ([_round(100.0)], {}), "off2": ([_round(101.0)], {}),
+            "norm": ([_round(108.0)], {"coverage": cov("norm", "trace", "fallback weight-dtype")}),
+            "moe-decode": ([_round(115.0)], {"coverage": cov("moe-decode", "call", "fallback activation")}),
+            "attn-paged": ([_round(115.0)], {"coverage": cov("attn-paged", "call", "kernel")})}
+    j = validate.judge(_entry(runs))
+    rows = {r["run"]: r for r in j["rows"]}
+    assert j["noise"]["decode"]["1"] == pytest.approx(8 / 100.5)  # off, off2 and the norm run
+    assert rows["norm"]["verdict"] == "neutral" and rows["norm"]["note"].startswith("every call went to vLLM's")
+    assert rows["moe-decode"]["verdict"] == "neutral" and "a gain without a served call is noise" in \
+        rows["moe-decode"]["note"]
+    assert rows["attn-paged"]["verdict"] == "faster"  # 1.144 beyond the 8% spread, on its kernel
+    runs["moe-decode"] = ([_round(80.0)], {"coverage": cov("moe-decode", "call", "fallback activation")})
+    assert {r["run"]: r["verdict"] for r in validate.judge(_entry(runs))["rows"]}["moe-decode"] == "slower"
+
+
 def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},

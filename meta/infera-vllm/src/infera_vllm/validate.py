@@ -390,13 +390,16 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
 
     Throughput: per batch and metric (decode, prefill), the run's median over rounds against the median of
     every plugin-off round (off and off2); the threshold is ``max(min_effect, spread)``, the spread being
-    (max - min) / median of those plugin-off rounds and of the rounds of every run in which no op took a call
-    (plugin off's work in another process: a third sample of the noise between processes, which two plugin-off
-    processes underestimate), widened to the spread within each group of runs whose ops took the same routes
+    (max - min) / median of those plugin-off rounds and of the rounds of every run that did plugin off's work
+    (:func:`_vllms_work`: no op took a call, or each declined while the graph was traced; plugin off's work in
+    another process: a third sample of the noise between processes, which two plugin-off processes
+    underestimate), widened to the spread within each group of runs whose ops took the same routes
     (:func:`replicates`: the plugin's same work in separate processes); a point with one plugin-off round
     has no spread and is not judged (with none judged,
     the verdict is the agreement's, as on the CPU). ``faster``: some point
-    above 1 + threshold and none below 1 - threshold; ``slower``: some point below; else ``neutral``.
+    above 1 + threshold and none below 1 - threshold; ``slower``: some point below; else ``neutral``. A run
+    whose op (for the default set: every op) served no call on its kernel is at best ``neutral``: vLLM's
+    own work with the op's checks on top cannot be faster than vLLM's.
     Agreement (real weights): the run's teacher-forced top-1 agreement with ``off`` must reach
     off-vs-off2's minus ``tolerance`` (for attention, or vLLM's TRITON_ATTN's agreement where that is
     lower), else ``disagrees``, which outranks the rest. Without meaningful throughput (the CPU) the verdict
@@ -405,7 +408,7 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     """
     runs = entry["runs"]
     offs = [r for label in ("off", "off2") for r in runs.get(label, {}).get("rounds", []) if "batches" in r]
-    idle = [r for label, run in runs.items() if not label.startswith("off") and _took_no_call(run)
+    idle = [r for label, run in runs.items() if not label.startswith("off") and _vllms_work(run)
             for r in run.get("rounds", []) if "batches" in r]  # plugin off's work in another process
     same_routes = replicates(runs)
     noise: dict = {"decode": {}, "prefill": {}}
@@ -478,8 +481,16 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             # so its rounds are in the spread it is judged against (neutral by construction)
             row["note"] = "; ".join(filter(None, ("no op took a call: plugin off's work, counted in the spread",
                                                   row["note"])))
-        elif not whole_set and not served:
-            row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel", row["note"])))
+        elif _vllms_work(run):
+            row["note"] = "; ".join(filter(None, ("every call went to vLLM's own path when the graph was traced: "
+                                                  "plugin off's work, counted in the spread", row["note"])))
+        elif (cov or not whole_set) and not served:
+            row["note"] = "; ".join(filter(None, (f"{op} served no call on its kernel" if not whole_set else
+                                                  "no op served a call on its kernel", row["note"])))
+        if cov and not served and verdict == "faster":
+            # vLLM's own work, and the op's checks on top, cannot be faster than vLLM's: a gain there is noise
+            verdict = "neutral"
+            row["note"] = "; ".join(filter(None, (row["note"], "a gain without a served call is noise: neutral")))
         if run.get("measured_by"):
             row["note"] = "; ".join(filter(None, (row["note"], f"not run alone: the only op that took calls in "
                                                                f"{run['measured_by']}, whose figures these are")))
@@ -573,6 +584,17 @@ def clock(entry: dict) -> str:
     if len(kinds) > 1:
         return "mixed clocks"
     return {"engine": "engine timestamps", "wall": "wall clock"}.get(kinds.pop() if kinds else None, "nothing timed")
+
+
+def _vllms_work(run: dict) -> bool:
+    """A plugin-on run that did plugin off's work: no op took a call, or every count is a trace-time fallback
+    or handover (each op declined while Dynamo traced the graph, so the compiled graph is vLLM's own; e.g.
+    norm on Gemma-2's fp32 norm weights)."""
+    if _took_no_call(run):
+        return True
+    cov = run.get("coverage") or {}
+    return bool(cov) and not any(_served(c) for c in cov.values()) and all(
+        at == "trace" for c in cov.values() if c for at, routes in c["counts"].items() if any(routes.values()))
 
 
 def _took_no_call(run: dict) -> bool:
