@@ -567,6 +567,11 @@ def test_real_run_on_the_cpu_engine(tmp_path):
             assert set(b["prefill_steps_all"]) == {1}  # the engine in this process: every request added first
         if label.startswith("off"):
             assert run["coverage"] is None  # the plugin off writes no report
+    assert not any("measured_by" in run for run in entry["runs"].values())  # norm took no call in the default set
+    for r in entry["runs"]["off"]["rounds"]:
+        assert r["import_s"] > 0 and r["startup_s"] > 0 and r["measure_s"] > 0 and r["exit_s"] >= 0
+    assert sorted(os.listdir(tmp_path / "validation-logs")) == [f"tiny-llama-{x}-r0.log" for x in
+                                                                 ("default", "norm", "off", "off2")]
     norm = entry["runs"]["norm"]["coverage"]["norm"]
     assert norm["active"] and sum(norm["counts"]["call"].values()) > 0
     assert norm["share"]["call"].get("kernel", 0) > 0.5, norm  # eager calls served under the interpreter

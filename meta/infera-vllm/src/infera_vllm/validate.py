@@ -22,6 +22,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,10 @@ def measure(cfg: dict) -> dict:
     """In this process: build the engine, take teacher-forced top-1s (real weights), time prefill and decode."""
     import random
 
+    begin = time.perf_counter()
     from vllm import LLM, SamplingParams
+
+    imported = time.perf_counter() - begin
 
     kwargs = {"disable_log_stats": False, **cfg["llm_kwargs"]}  # the engine's per-request timestamps (timed_throughput)
     weights = cfg.get("weights", "real")
@@ -71,7 +75,9 @@ def measure(cfg: dict) -> dict:
         kwargs.update(skip_tokenizer_init=True)
     start = time.perf_counter()
     llm = LLM(model=cfg["model"], seed=0, tensor_parallel_size=cfg["tp"], **kwargs)
-    out: dict = {"top1": None, "prompts": None, "batches": {}, "startup_s": time.perf_counter() - start}
+    out: dict = {"top1": None, "prompts": None, "batches": {}, "import_s": imported,
+                 "startup_s": time.perf_counter() - start}
+    start = time.perf_counter()
     if weights != "dummy" and cfg["agreement_prompts"]:
         if weights == "random":  # no text to read: the same seeded random tokens in every run
             gen_rng = random.Random(1)
@@ -94,6 +100,7 @@ def measure(cfg: dict) -> dict:
                    for _ in range(batch)]
         timed = time_generations(llm, prompts, prefill, full, cfg["repeats"], cfg.get("max_repeats"))
         out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, timed)
+    out["measure_s"] = time.perf_counter() - start  # agreement and timed generations
     return out
 
 
@@ -259,7 +266,10 @@ def _spawn(cfg: dict, env: dict, work: str) -> dict:
         last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
         return {"error": f"exit {proc.returncode}: {last[-300:]} (log {log_path})", "seconds": seconds}
     with open(out_path) as f:
-        return {**json.load(f), "seconds": seconds}
+        res = json.load(f)
+    # the process's life after its result was written: the engine's shutdown and the interpreter's exit
+    res["exit_s"] = time.time() - res.pop("written_at") if "written_at" in res else None
+    return {**res, "seconds": seconds}
 
 
 # ---- what to run ---------------------------------------------------------------------------------------
@@ -1072,6 +1082,11 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                "vocab_size": vocab, **{k: entry["options"][k] for k in sizes}}
         res = _spawn(cfg, env, report_dir)
         longest = max(longest, res["seconds"])
+        log = os.path.join(report_dir, "log.txt")
+        if args.out and os.path.exists(log):  # the run's own log (vLLM's: compile, graph capture) beside --out
+            logs = os.path.splitext(args.out)[0] + "-logs"
+            os.makedirs(logs, exist_ok=True)
+            shutil.copyfile(log, os.path.join(logs, f"{m['name']}-{c['label']}-r{r}.log"))
         if r == 0:
             run["coverage"] = coverage(env["INFERA_VLLM_REPORT_DIR"])
         top1, prompts = res.pop("top1", None), res.pop("prompts", None)
@@ -1139,7 +1154,7 @@ def _run_one(argv: list[str]) -> int:
     with open(cfg_path) as f:
         result = measure(json.load(f))
     with open(out_path, "w") as f:
-        json.dump(result, f)
+        json.dump({**result, "written_at": time.time()}, f)
     return 0
 
 
