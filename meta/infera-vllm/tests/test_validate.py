@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -331,6 +332,30 @@ def test_a_run_that_served_nothing_is_never_faster_and_trace_time_declines_are_p
     assert {r["run"]: r["verdict"] for r in validate.judge(_entry(runs))["rows"]}["moe-decode"] == "slower"
 
 
+def test_cpus_pin_every_run_and_name_only_cpus_this_process_has(monkeypatch, tmp_path):
+    assert validate.cpu_list("0-3,8, 2") == [0, 1, 2, 3, 8]
+    for bad in ("3-1", "x", "-1"):
+        with pytest.raises(ValueError):
+            validate.cpu_list(bad)
+    have = sorted(os.sched_getaffinity(0))
+    with pytest.raises(validate.InputError, match="not a subset"):
+        validate._options(types.SimpleNamespace(matrix=None, cpus=str(have[-1] + 1)))
+    assert validate._options(types.SimpleNamespace(matrix=None, cpus=str(have[0])))["cpus"] == [have[0]]
+    seen = []
+
+    def fake_run(cmd, env, stdout, stderr, preexec_fn):  # the child: pinned by preexec_fn before it starts
+        pid = os.fork()
+        if pid == 0:
+            preexec_fn()
+            os._exit(0 if os.sched_getaffinity(0) == {have[0]} else 1)
+        seen.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        Path(cmd[-1]).write_text(json.dumps({"batches": {}}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(validate.subprocess, "run", fake_run)
+    assert validate._spawn({"cpus": [have[0]]}, {}, str(tmp_path))["batches"] == {} and seen == [0]
+
+
 def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},
@@ -569,6 +594,7 @@ def test_real_run_on_the_cpu_engine(tmp_path):
             assert run["coverage"] is None  # the plugin off writes no report
     assert not any("measured_by" in run for run in entry["runs"].values())  # norm took no call in the default set
     for r in entry["runs"]["off"]["rounds"]:
+        assert r["cpus"] == sorted(os.sched_getaffinity(0))  # the CPUs the run's process could use
         assert r["import_s"] > 0 and r["startup_s"] > 0 and r["measure_s"] > 0 and r["exit_s"] >= 0
     assert sorted(os.listdir(tmp_path / "validation-logs")) == [f"tiny-llama-{x}-r0.log" for x in
                                                                  ("default", "norm", "off", "off2")]

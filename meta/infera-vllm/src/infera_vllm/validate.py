@@ -45,7 +45,7 @@ PREFILL_WINDOW_S = 1.0
 PREFILL_MAX_REPEATS = 40
 DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, max_repeats=None, rounds=2, tp=1,
                 agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None,
-                extra_runs={})
+                extra_runs={}, cpus=None)
 EXTRA_RUN_KEYS = {"op", "env", "llm"}  # a preset's own run: the op it is about, its switches, its vLLM arguments
 # what "this op alone" needs beyond INFERA_VLLM_OPS=<op>: attn-paged serves only as the automatic attention choice
 ALONE_ENV = {"attn-paged": {"INFERA_ATTN_PAGED_DEFAULT": "1"}}
@@ -257,8 +257,11 @@ def _spawn(cfg: dict, env: dict, work: str) -> dict:
         json.dump(cfg, f)
     start = time.perf_counter()
     with open(log_path, "w") as log:
+        # pinned before the child starts: vLLM's engine process and every thread inherit the CPU set
+        cpus = cfg.get("cpus")
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         proc = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "run-one", cfg_path, out_path],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
+                              env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         with open(log_path, errors="replace") as f:
@@ -868,6 +871,8 @@ def _options(args) -> dict:
         opts["prompt_tokens"] = _prompt_tokens(opts["prompt_tokens"], opts["batches"])
         if isinstance(opts["llm_kwargs"], str):
             opts["llm_kwargs"] = json.loads(opts["llm_kwargs"])
+        if isinstance(opts["cpus"], str):
+            opts["cpus"] = cpu_list(opts["cpus"])
     except ValueError as exc:
         raise InputError(f"bad option value: {exc}") from None
     if not opts["batches"] or min(opts["batches"]) < 1 or opts["rounds"] < 1 or opts["repeats"] < 1:
@@ -875,7 +880,24 @@ def _options(args) -> dict:
     if opts["max_repeats"] is not None and opts["max_repeats"] < opts["repeats"]:
         raise InputError(f"--max-repeats {opts['max_repeats']} is below --repeats {opts['repeats']}")
     _check_extra_runs(opts["extra_runs"])
+    if opts["cpus"] is not None:
+        have = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        if not opts["cpus"] or not set(opts["cpus"]) <= have:
+            raise InputError(f"--cpus {opts['cpus']}: not a subset of the CPUs this process may use "
+                             f"({','.join(map(str, sorted(have))) or 'none known'})")
     return opts
+
+
+def cpu_list(text: str) -> list[int]:
+    """``"0-3,8"`` -> [0, 1, 2, 3, 8]: the CPU list syntax of taskset and cgroups (ValueError if malformed)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi) if hi else int(lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
 
 
 def _check_extra_runs(extra: dict) -> None:
@@ -959,6 +981,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agreement-prompts", dest="agreement_prompts", type=int, help="teacher-forced prompts (8)")
     p.add_argument("--agreement-tokens", dest="agreement_tokens", type=int, help="tokens per such prompt (1500)")
     p.add_argument("--llm-kwargs", dest="llm_kwargs", help="JSON object of extra vllm.LLM arguments")
+    p.add_argument("--cpus", help="run every configuration's processes on these CPUs only (e.g. 0-7 or 0,2,4): "
+                                  "the host work of each run on the same cores (default: wherever the OS puts it)")
     p.add_argument("--min-effect", type=float, default=MIN_EFFECT, help=f"smallest ratio change judged ({MIN_EFFECT})")
     p.add_argument("--agreement-tolerance", type=float, default=AGREEMENT_TOLERANCE,
                    help=f"agreement below off-vs-off minus this disagrees ({AGREEMENT_TOLERANCE})")
@@ -1079,7 +1103,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "max_repeats", "agreement_prompts",
                  "agreement_tokens")
         cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
-               "vocab_size": vocab, **{k: entry["options"][k] for k in sizes}}
+               "vocab_size": vocab, "cpus": entry["options"].get("cpus"), **{k: entry["options"][k] for k in sizes}}
         res = _spawn(cfg, env, report_dir)
         longest = max(longest, res["seconds"])
         log = os.path.join(report_dir, "log.txt")
@@ -1154,7 +1178,8 @@ def _run_one(argv: list[str]) -> int:
     with open(cfg_path) as f:
         result = measure(json.load(f))
     with open(out_path, "w") as f:
-        json.dump({**result, "written_at": time.time()}, f)
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        json.dump({**result, "cpus": cpus, "written_at": time.time()}, f)
     return 0
 
 
