@@ -81,14 +81,24 @@ def test_prefill_switch(monkeypatch):
     with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_PREFILL='0': expected one of auto, fa3, kernel, triton"):
         policy.prefill_route()
     monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
-    assert not policy.platform_default()  # off unless asked: no family is validated for it
+    assert policy.AUTOMATIC_BY_DEFAULT == ()  # no family is validated for it yet (docs/validate.md)
+    assert not policy.platform_default("sm90")  # off unless asked
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "1")
-    assert policy.platform_default()
+    assert policy.platform_default("sm90")
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "yes")  # every spelling the plugin's flags take
-    assert policy.platform_default()
+    assert policy.platform_default(None)
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "sometimes")
     with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_DEFAULT='sometimes': expected 1/0, true/false"):
-        policy.platform_default()
+        policy.platform_default("sm90")
+    # a validated family: on when the switch is unset (or blank), off when it says 0
+    monkeypatch.setattr(policy, "AUTOMATIC_BY_DEFAULT", ("sm90",))
+    for raw, family, want in ((None, "sm90", True), (" ", "sm90", True), ("0", "sm90", False),
+                              (None, "gfx942", False), ("1", "gfx942", True)):
+        if raw is None:
+            monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
+        else:
+            monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", raw)
+        assert policy.platform_default(family) is want, (raw, family)
 
 
 def test_doctor_plan_per_layer():

@@ -30,6 +30,7 @@ on vLLM's attention (``head-size-on-family``).
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -63,10 +64,18 @@ def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
     return route in ("auto", "fa3") and fa3_reason is None and head_size % 8 == 0 and head_size <= 256
 
 
-def platform_default() -> bool:
-    """``INFERA_ATTN_PAGED_DEFAULT``: 1 the backend is vLLM's automatic choice where it validates; 0 (default)
-    only ``--attention-backend CUSTOM`` selects it."""
-    return op_value(SPEC, "INFERA_ATTN_PAGED_DEFAULT")
+# GPU families where the backend is vLLM's automatic attention choice without INFERA_ATTN_PAGED_DEFAULT: those
+# where it is `faster` or `neutral` end to end on every model of the validation matrix (docs/validate.md, the
+# table of each op's defaults, names the run). None yet: on sm90 the real-weight model is not measured.
+AUTOMATIC_BY_DEFAULT: tuple[str, ...] = ()
+
+
+def platform_default(family: str | None) -> bool:
+    """``INFERA_ATTN_PAGED_DEFAULT``: 1 the backend is vLLM's automatic choice where it validates; 0 only
+    ``--attention-backend CUSTOM`` selects it; unset, 1 on the families in ``AUTOMATIC_BY_DEFAULT``, else 0."""
+    chosen = op_value(SPEC, "INFERA_ATTN_PAGED_DEFAULT")  # a bad value raises even when unset elsewhere
+    raw = os.environ.get("INFERA_ATTN_PAGED_DEFAULT")
+    return chosen if raw is not None and raw.strip() else family in AUTOMATIC_BY_DEFAULT
 
 
 def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,

@@ -76,7 +76,7 @@ def activate(ctx) -> Decline | None:
     """Installs the backend; the plugin calls it only once ``check(ctx)`` passed."""
     from vllm.v1.attention.backends import registry
 
-    default = ctx.switch("INFERA_ATTN_PAGED_DEFAULT")
+    default = policy.platform_default(ctx.env.gpu_family)
 
     custom = registry.AttentionBackendEnum.CUSTOM
     seams.register(ctx.spec.name, registry, "_ATTN_OVERRIDES", custom,
@@ -84,7 +84,9 @@ def activate(ctx) -> Decline | None:
     ctx.note = "registered as attention backend CUSTOM (select with --attention-backend CUSTOM)"
     if default:
         make_platform_default(ctx.spec.name)
-        ctx.note = "vLLM's automatic attention choice where it validates (INFERA_ATTN_PAGED_DEFAULT=1), and CUSTOM"
+        why = ("INFERA_ATTN_PAGED_DEFAULT=1" if ctx.switch("INFERA_ATTN_PAGED_DEFAULT")
+               else f"measured on {ctx.env.gpu_family}")
+        ctx.note = f"vLLM's automatic attention choice where it validates ({why}), and CUSTOM"
     return None
 
 

@@ -38,7 +38,8 @@ SPEC = OpSpec(
                doc="who serves prefill and mixed batches: FA3 where it runs (auto, fa3), the ragged kernel, "
                    "or vLLM's Triton attention"),
         Switch("INFERA_ATTN_PAGED_DEFAULT", "flag", False,
-               doc="the backend becomes vLLM's automatic attention choice where its validation lets it"),
+               doc="the backend becomes vLLM's automatic attention choice where its validation lets it; "
+                   "unset: on the GPU families measured not to lose end to end (policy.AUTOMATIC_BY_DEFAULT)"),
         Switch("INFERA_ATTN_PAGED_TUNING", "path",
                doc="decode tuning file replacing the family's tuning/<family>.json"),
     ),
