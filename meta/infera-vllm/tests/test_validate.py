@@ -341,19 +341,51 @@ def test_cpus_pin_every_run_and_name_only_cpus_this_process_has(monkeypatch, tmp
     with pytest.raises(validate.InputError, match="not a subset"):
         validate._options(types.SimpleNamespace(matrix=None, cpus=str(have[-1] + 1)))
     assert validate._options(types.SimpleNamespace(matrix=None, cpus=str(have[0])))["cpus"] == [have[0]]
-    seen = []
+    monkeypatch.setattr(validate, "RUN_ONE", _stand_in(tmp_path))
+    assert validate._spawn({"cpus": [have[0]]}, {**os.environ}, str(tmp_path / "a"))["cpus"] == [have[0]]
+    assert validate._spawn({}, {**os.environ}, str(tmp_path / "b"))["cpus"] == have
 
-    def fake_run(cmd, env, stdout, stderr, preexec_fn):  # the child: pinned by preexec_fn before it starts
-        pid = os.fork()
-        if pid == 0:
-            preexec_fn()
-            os._exit(0 if os.sched_getaffinity(0) == {have[0]} else 1)
-        seen.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-        Path(cmd[-1]).write_text(json.dumps({"batches": {}}))
-        return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(validate.subprocess, "run", fake_run)
-    assert validate._spawn({"cpus": [have[0]]}, {}, str(tmp_path))["batches"] == {} and seen == [0]
+def _stand_in(tmp_path) -> list[str]:
+    """A stand-in for ``run-one`` (our process protocol, no vLLM): "imports" for STAND_IN_IMPORT_S, says so, waits
+    for its turn and its quiet file, and writes what it saw."""
+    script = tmp_path / "stand_in.py"
+    script.write_text('''import json, os, sys, time
+cfg = json.load(open(sys.argv[1]))
+time.sleep(float(os.environ.get("STAND_IN_IMPORT_S", "0")))
+imported_at = time.time()
+open(cfg["imported_file"], "w").close()
+if sys.stdin.readline().strip() != "go":
+    sys.exit(3)
+while not os.path.exists(cfg["quiet_file"]):
+    time.sleep(0.01)
+now = time.time()
+json.dump({"batches": {}, "cpus": sorted(os.sched_getaffinity(0)), "imported_at": imported_at, "measured_at": now,
+           "written_at": now}, open(sys.argv[2], "w"))
+''')
+    return [sys.executable, str(script)]
+
+
+def test_the_next_run_imports_while_this_one_starts_and_nothing_is_timed_meanwhile(monkeypatch, tmp_path):
+    """The next run's process is started when this run's turn comes; this run times nothing until that process
+    has imported; the next run's own time counts from its turn."""
+    monkeypatch.setattr(validate, "RUN_ONE", _stand_in(tmp_path))
+    first = validate._start({}, {**os.environ}, str(tmp_path / "first"))
+    first.go()
+    second = validate._start({}, {**os.environ, "STAND_IN_IMPORT_S": "1.0"}, str(tmp_path / "second"))
+    a = first.wait(second)
+    assert a["imported_ahead"] is False  # its turn came as it started: its import was its own time
+    assert second.proc.poll() is None and second.imported()  # imported, waiting for its turn
+    second.go()
+    b = second.wait()
+    assert a["measured_at"] >= b["imported_at"]  # the first run timed nothing while the second imported
+    assert b["imported_ahead"] is True and b["seconds"] < 1.0  # its import was not its own time
+    third = validate._start({}, {**os.environ, "STAND_IN_IMPORT_S": "30"}, str(tmp_path / "third"))
+    third.cancel()  # not its turn after all: ended
+    assert third.proc.returncode is not None
+    broken = validate._start({}, {**os.environ, "STAND_IN_IMPORT_S": "x"}, str(tmp_path / "broken"))
+    broken.go()
+    assert broken.wait()["error"].startswith("exit 1: ValueError")
 
 
 def test_coverage_shows_the_self_check_per_op():
@@ -390,9 +422,10 @@ def test_table_and_markdown_show_every_run_the_thresholds_and_what_was_not_run()
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    """validate.plan and validate._spawn replaced (our own code, not vLLM's): norm is the one op taking
-    layers; every run measures 100 tok/s and the same top-1s, on a GPU (so not under Triton's interpreter,
-    where throughput is not meaningful, whatever the session running these tests sets)."""
+    """validate.plan and validate._spawn replaced (our own code, not vLLM's; a run started ahead calls _spawn at
+    its turn): norm is the one op taking layers; every run measures 100 tok/s and the same top-1s, on a GPU (so
+    not under Triton's interpreter, where throughput is not meaningful, whatever the session running these tests
+    sets)."""
     calls = []
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
@@ -403,8 +436,25 @@ def fake_engine(monkeypatch):
         calls.append(env.get("INFERA_VLLM_OPS", "off" if env.get("INFERA_VLLM_OPS_DISABLE") else "default"))
         return {**_round(100.0, batches=cfg["batches"]), "top1": [[1, 2, 3]], "prompts": [[0, 1, 2, 3]]}
 
+    class Deferred:  # a run's process started ahead of its turn: validate._spawn (stood in for) runs at its turn
+        def __init__(self, cfg, env, work):
+            self.args = (cfg, env, work)
+
+        def imported(self):
+            return True
+
+        def go(self):
+            pass
+
+        def cancel(self):
+            pass
+
+        def wait(self, behind=None):
+            return validate._spawn(*self.args)
+
     monkeypatch.setattr(validate, "plan", fake_plan)
     monkeypatch.setattr(validate, "_spawn", fake_spawn)
+    monkeypatch.setattr(validate, "_start", Deferred)
     return calls
 
 
@@ -593,6 +643,10 @@ def test_real_run_on_the_cpu_engine(tmp_path):
         if label.startswith("off"):
             assert run["coverage"] is None  # the plugin off writes no report
     assert not any("measured_by" in run for run in entry["runs"].values())  # norm took no call in the default set
+    rounds = [entry["runs"][label]["rounds"][0] for label in ("off", "off2", "default", "norm")]
+    assert [r["imported_ahead"] for r in rounds] == [False, True, True, True]  # each next run imported meanwhile
+    for this, after in zip(rounds, rounds[1:]):
+        assert this["measured_at"] >= after["imported_at"]  # and not while this run was timed
     for r in entry["runs"]["off"]["rounds"]:
         assert r["cpus"] == sorted(os.sched_getaffinity(0))  # the CPUs the run's process could use
         assert r["import_s"] > 0 and r["startup_s"] > 0 and r["measure_s"] > 0 and r["exit_s"] >= 0

@@ -43,6 +43,8 @@ STALL_TOLERANCE = 0.05
 # varies by 10 ms between repeats): more of them follow the timed pairs until this much prefill time is sampled
 PREFILL_WINDOW_S = 1.0
 PREFILL_MAX_REPEATS = 40
+# a run waits at most this long for the process started behind it to finish importing before it times anything
+QUIET_TIMEOUT_S = 120.0
 DEFAULTS = dict(batches=[1, 16, 64], prompt_tokens=256, decode_tokens=64, repeats=3, max_repeats=None, rounds=2, tp=1,
                 agreement_prompts=8, agreement_tokens=1500, llm_kwargs={}, ops=None, self_check_cost=False, runs=None,
                 extra_runs={}, cpus=None)
@@ -65,7 +67,11 @@ def measure(cfg: dict) -> dict:
     begin = time.perf_counter()
     from vllm import LLM, SamplingParams
 
-    imported = time.perf_counter() - begin
+    imported, imported_at = time.perf_counter() - begin, time.time()
+    if cfg.get("await_go"):  # started ahead of its turn (_Run): say the import is done, then wait for the turn
+        _touch(cfg["imported_file"])
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit("validate: the parent ended before this run's turn")
 
     kwargs = {"disable_log_stats": False, **cfg["llm_kwargs"]}  # the engine's per-request timestamps (timed_throughput)
     weights = cfg.get("weights", "real")
@@ -75,9 +81,15 @@ def measure(cfg: dict) -> dict:
         kwargs.update(skip_tokenizer_init=True)
     start = time.perf_counter()
     llm = LLM(model=cfg["model"], seed=0, tensor_parallel_size=cfg["tp"], **kwargs)
-    out: dict = {"top1": None, "prompts": None, "batches": {}, "import_s": imported,
+    out: dict = {"top1": None, "prompts": None, "batches": {}, "import_s": imported, "imported_at": imported_at,
                  "startup_s": time.perf_counter() - start}
     start = time.perf_counter()
+    if cfg.get("quiet_file"):  # nothing is timed while the next run's process imports (_Run)
+        while not os.path.exists(cfg["quiet_file"]) and time.perf_counter() - start < QUIET_TIMEOUT_S:
+            time.sleep(0.05)
+        out["quiet_wait_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+    out["measured_at"] = time.time()  # when the timed work began
     if weights != "dummy" and cfg["agreement_prompts"]:
         if weights == "random":  # no text to read: the same seeded random tokens in every run
             gen_rng = random.Random(1)
@@ -250,29 +262,88 @@ def engine_kwargs(opts: dict, model_kwargs: dict, *, max_model_len: int, gpu: bo
             **opts["llm_kwargs"], **model_kwargs}
 
 
-def _spawn(cfg: dict, env: dict, work: str) -> dict:
-    os.makedirs(work, exist_ok=True)
-    cfg_path, out_path, log_path = (os.path.join(work, n) for n in ("config.json", "result.json", "log.txt"))
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
+RUN_ONE = [sys.executable, "-m", "infera_vllm.validate", "run-one"]  # + its config and result paths
+
+
+class _Run:
+    """One configuration's process (``run-one``). Started ahead of its turn, it imports vLLM and torch (several
+    seconds of one CPU core, the same in every run) while the run before it builds its engine, says so with its
+    ``imported`` file, and waits for :meth:`go`; nothing before that touches the GPU. A run times nothing until
+    its ``quiet`` file exists, which :meth:`wait` writes once the process started behind it has imported (or
+    ended): no import overlaps a timed generation."""
+
+    def __init__(self, cfg: dict, env: dict, work: str):
+        os.makedirs(work, exist_ok=True)
+        self.work = work
+        self.cfg_path, self.out_path, self.log_path, self.imported_file, self.quiet_file = (
+            os.path.join(work, n) for n in ("config.json", "result.json", "log.txt", "imported", "quiet"))
+        for stale in (self.out_path, self.imported_file, self.quiet_file):  # a cut call's leftovers
+            if os.path.exists(stale):
+                os.remove(stale)
+        with open(self.cfg_path, "w") as f:
+            json.dump({**cfg, "await_go": True, "imported_file": self.imported_file, "quiet_file": self.quiet_file}, f)
+        self.started, self.go_at = time.perf_counter(), None
+        self.log = open(self.log_path, "w")
         # pinned before the child starts: vLLM's engine process and every thread inherit the CPU set
         cpus = cfg.get("cpus")
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        proc = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "run-one", cfg_path, out_path],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        with open(log_path, errors="replace") as f:
-            lines = [ln.strip() for ln in f.read()[-20000:].splitlines() if ln.strip()]
-        last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
-        return {"error": f"exit {proc.returncode}: {last[-300:]} (log {log_path})", "seconds": seconds}
-    with open(out_path) as f:
-        res = json.load(f)
-    # the process's life after its result was written: the engine's shutdown and the interpreter's exit
-    res["exit_s"] = time.time() - res.pop("written_at") if "written_at" in res else None
-    return {**res, "seconds": seconds}
+        self.proc = subprocess.Popen([*RUN_ONE, self.cfg_path, self.out_path], env=env, stdin=subprocess.PIPE,
+                                     stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=pin)
+
+    def imported(self) -> bool:
+        """The process no longer competes for a CPU: vLLM imported (or the process ended)."""
+        return os.path.exists(self.imported_file) or self.proc.poll() is not None
+
+    def go(self) -> None:
+        self.imported_ahead = os.path.exists(self.imported_file)
+        self.go_at = time.perf_counter()
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:  # it ended already; wait() reports how
+            pass
+
+    def cancel(self) -> None:
+        """Not its turn after all (the budget ended, or another run measured its work): end the process."""
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+    def wait(self, behind: _Run | None = None) -> dict:
+        """Its result once it exits: what ``run-one`` measured, with ``seconds`` the run's own time from its turn
+        to its exit (the import before the turn overlapped the previous run: ``imported_ahead``)."""
+        while self.proc.poll() is None:
+            if not os.path.exists(self.quiet_file) and (behind is None or behind.imported()):
+                _touch(self.quiet_file)
+            time.sleep(0.05)
+        seconds = time.perf_counter() - self.go_at
+        self.log.close()
+        if self.proc.returncode != 0:
+            with open(self.log_path, errors="replace") as f:
+                lines = [ln.strip() for ln in f.read()[-20000:].splitlines() if ln.strip()]
+            last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
+            return {"error": f"exit {self.proc.returncode}: {last[-300:]} (log {self.log_path})", "seconds": seconds}
+        with open(self.out_path) as f:
+            res = json.load(f)
+        # the process's life after its result was written: the engine's shutdown and the interpreter's exit
+        res["exit_s"] = time.time() - res.pop("written_at") if "written_at" in res else None
+        return {**res, "imported_ahead": self.imported_ahead, "seconds": seconds}
+
+
+def _start(cfg: dict, env: dict, work: str) -> _Run:
+    return _Run(cfg, env, work)
+
+
+def _spawn(cfg: dict, env: dict, work: str) -> dict:
+    """One run now, start to finish."""
+    run = _start(cfg, env, work)
+    run.go()
+    return run.wait()
+
+
+def _touch(path: str) -> None:
+    with open(path, "w"):
+        pass
 
 
 # ---- what to run ---------------------------------------------------------------------------------------
@@ -1077,57 +1148,82 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                         if len(entry["runs"][c["label"]]["rounds"]) <= r]
     start, longest, failed = time.perf_counter(), 0.0, False
     bar = tqdm(total=len(pending), unit="run", file=sys.stderr)
-    for m, entry, c, r, vocab in pending:
-        if args.budget_s and time.perf_counter() - start + longest > args.budget_s:
-            print(f"budget of {args.budget_s:.0f} s reached: {bar.total - bar.n} run(s) left for the next call "
-                  f"(same command)", file=sys.stderr)
-            break
-        bar.set_description(f"{m['name']} {c['label']} r{r}")
-        if m["weights"] == "random" and not _has_checkpoint(m["path"]):
-            written = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "write-random", m["path"]])
-            if written.returncode != 0:
-                raise InputError(f"{m['name']}: writing its random checkpoint failed (exit {written.returncode})")
-        run = entry["runs"][c["label"]]
-        if (twin := default_covers(entry["runs"], c["label"], r)) is not None:
-            run.update(measured_by="default", coverage=twin.get("coverage"),
-                       **({"agreement": twin["agreement"]} if "agreement" in twin else {}))
-            run["rounds"].append(twin["rounds"][r])
+    ahead: tuple[int, _Run] | None = None  # the next run's process, importing while this one starts its engine
+    try:
+        for i, (m, entry, c, r, vocab) in enumerate(pending):
+            proc = ahead[1] if ahead is not None and ahead[0] == i else None
+            ahead = None
+            if args.budget_s and time.perf_counter() - start + longest > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s reached: {bar.total - bar.n} run(s) left for the next call "
+                      f"(same command)", file=sys.stderr)
+                if proc is not None:
+                    proc.cancel()
+                break
+            bar.set_description(f"{m['name']} {c['label']} r{r}")
+            run = entry["runs"][c["label"]]
+            if (twin := default_covers(entry["runs"], c["label"], r)) is not None:
+                if proc is not None:
+                    proc.cancel()
+                run.update(measured_by="default", coverage=twin.get("coverage"),
+                           **({"agreement": twin["agreement"]} if "agreement" in twin else {}))
+                run["rounds"].append(twin["rounds"][r])
+                if args.out:
+                    _write(doc, args.out)
+                bar.update()
+                continue
+            if m["weights"] == "random" and not _has_checkpoint(m["path"]):
+                written = subprocess.run([sys.executable, "-m", "infera_vllm.validate", "write-random", m["path"]])
+                if written.returncode != 0:
+                    if proc is not None:
+                        proc.cancel()
+                    raise InputError(f"{m['name']}: writing its random checkpoint failed (exit {written.returncode})")
+            report_dir = os.path.join(work, m["name"], f"{c['label']}-r{r}")
+            if proc is None:
+                proc = _start(*_run_config(m, entry, c, r, vocab, report_dir))
+            proc.go()
+            if i + 1 < len(pending):
+                nm, nentry, nc, nr, nvocab = pending[i + 1]
+                ahead = (i + 1, _start(*_run_config(nm, nentry, nc, nr, nvocab,
+                                                    os.path.join(work, nm["name"], f"{nc['label']}-r{nr}"))))
+            res = proc.wait(ahead[1] if ahead is not None else None)
+            longest = max(longest, res["seconds"])
+            log = os.path.join(report_dir, "log.txt")
+            if args.out and os.path.exists(log):  # the run's own log (vLLM's: compile, graph capture) beside --out
+                logs = os.path.splitext(args.out)[0] + "-logs"
+                os.makedirs(logs, exist_ok=True)
+                shutil.copyfile(log, os.path.join(logs, f"{m['name']}-{c['label']}-r{r}.log"))
+            if r == 0:
+                run["coverage"] = coverage(os.path.join(report_dir, "report"))
+            top1, prompts = res.pop("top1", None), res.pop("prompts", None)
+            if c["label"] == "off" and top1 is not None and r == 0:
+                entry["reference"] = {"top1": top1, "model_accuracy": harness.accuracy(top1, prompts)}
+            elif top1 is not None and entry.get("reference") and "agreement" not in run:
+                cmp = harness.compare(entry["reference"]["top1"], top1)
+                run["agreement"] = {**cmp, "disagreements": cmp["disagreements"][:50]}
+            if "error" in res:
+                failed = True
+                tqdm.write(f"{m['name']} {c['label']} round {r}: {res['error'][:400]}", file=sys.stderr)
+            run["rounds"].append(res)
             if args.out:
                 _write(doc, args.out)
             bar.update()
-            continue
-        env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
-        report_dir = os.path.join(work, m["name"], f"{c['label']}-r{r}")
-        env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
-        os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
-        sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "max_repeats", "agreement_prompts",
-                 "agreement_tokens")
-        cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
-               "vocab_size": vocab, "cpus": entry["options"].get("cpus"), **{k: entry["options"][k] for k in sizes}}
-        res = _spawn(cfg, env, report_dir)
-        longest = max(longest, res["seconds"])
-        log = os.path.join(report_dir, "log.txt")
-        if args.out and os.path.exists(log):  # the run's own log (vLLM's: compile, graph capture) beside --out
-            logs = os.path.splitext(args.out)[0] + "-logs"
-            os.makedirs(logs, exist_ok=True)
-            shutil.copyfile(log, os.path.join(logs, f"{m['name']}-{c['label']}-r{r}.log"))
-        if r == 0:
-            run["coverage"] = coverage(env["INFERA_VLLM_REPORT_DIR"])
-        top1, prompts = res.pop("top1", None), res.pop("prompts", None)
-        if c["label"] == "off" and top1 is not None and r == 0:
-            entry["reference"] = {"top1": top1, "model_accuracy": harness.accuracy(top1, prompts)}
-        elif top1 is not None and entry.get("reference") and "agreement" not in run:
-            cmp = harness.compare(entry["reference"]["top1"], top1)
-            run["agreement"] = {**cmp, "disagreements": cmp["disagreements"][:50]}
-        if "error" in res:
-            failed = True
-            tqdm.write(f"{m['name']} {c['label']} round {r}: {res['error'][:400]}", file=sys.stderr)
-        run["rounds"].append(res)
-        if args.out:
-            _write(doc, args.out)
-        bar.update()
+    finally:
+        if ahead is not None:
+            ahead[1].cancel()
     bar.close()
     return failed
+
+
+def _run_config(m: dict, entry: dict, c: dict, r: int, vocab: int, report_dir: str) -> tuple[dict, dict, str]:
+    """A run's ``run-one`` configuration, environment (its switches, its coverage directory) and directory."""
+    env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
+    env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
+    os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
+    sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "max_repeats", "agreement_prompts",
+             "agreement_tokens")
+    cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
+           "vocab_size": vocab, "cpus": entry["options"].get("cpus"), **{k: entry["options"][k] for k in sizes}}
+    return cfg, env, report_dir
 
 
 def default_covers(runs: dict, label: str, r: int) -> dict | None:
@@ -1173,19 +1269,26 @@ def _write(doc: dict, path: str) -> None:
     os.replace(tmp, path)
 
 
-def _run_one(argv: list[str]) -> int:
+def _run_one(argv: list[str]) -> None:
     cfg_path, out_path = argv
     with open(cfg_path) as f:
         result = measure(json.load(f))
     with open(out_path, "w") as f:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         json.dump({**result, "cpus": cpus, "written_at": time.time()}, f)
-    return 0
+    # What exit runs that matters: the exit hooks (vLLM's engine shutdown, each process's final coverage report);
+    # not the interpreter's teardown after them, seconds of garbage collection and joins before the next run.
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run-one"]:
-        raise SystemExit(_run_one(sys.argv[2:]))
+        _run_one(sys.argv[2:])
     if sys.argv[1:2] == ["write-random"]:
         write_random_checkpoint(sys.argv[2])
         raise SystemExit(0)
