@@ -388,6 +388,26 @@ def test_the_next_run_imports_while_this_one_starts_and_nothing_is_timed_meanwhi
     assert broken.wait()["error"].startswith("exit 1: ValueError")
 
 
+def test_an_interrupted_call_leaves_no_run_process(fake_engine, tmp_path, monkeypatch):
+    """Ctrl-C (or the device call's timeout) while a run is timed: its process and the next one's end too."""
+    monkeypatch.setattr(validate, "RUN_ONE", _stand_in(tmp_path))
+    started = []
+
+    def start(cfg, env, work):
+        run = validate._Run(cfg, {**os.environ, "STAND_IN_IMPORT_S": "0"}, work)
+        started.append(run)
+        return run
+
+    def interrupted(self, behind=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(validate, "_start", start)
+    monkeypatch.setattr(validate._Run, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        validate.main([_model_dir(tmp_path), "--rounds", "1", "--work", str(tmp_path / "w")])
+    assert len(started) == 2 and all(run.proc.poll() is not None for run in started)
+
+
 def test_coverage_shows_the_self_check_per_op():
     cov = {"norm": {"active": True, "verdicts": ["active x1"], "counts": {"call": {"kernel": 9}},
                     "share": {"call": {"kernel": 1.0}},

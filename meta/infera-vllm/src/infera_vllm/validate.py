@@ -304,7 +304,8 @@ class _Run:
             pass
 
     def cancel(self) -> None:
-        """Not its turn after all (the budget ended, or another run measured its work): end the process."""
+        """End the process if it still runs: not its turn after all (the budget ended, another run measured its
+        work), or the call was interrupted."""
         self.proc.kill()
         self.proc.wait()
         self.log.close()
@@ -1149,6 +1150,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
     start, longest, failed = time.perf_counter(), 0.0, False
     bar = tqdm(total=len(pending), unit="run", file=sys.stderr)
     ahead: tuple[int, _Run] | None = None  # the next run's process, importing while this one starts its engine
+    proc: _Run | None = None
     try:
         for i, (m, entry, c, r, vocab) in enumerate(pending):
             proc = ahead[1] if ahead is not None and ahead[0] == i else None
@@ -1207,9 +1209,10 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             if args.out:
                 _write(doc, args.out)
             bar.update()
-    finally:
-        if ahead is not None:
-            ahead[1].cancel()
+    finally:  # an interrupted call leaves no engine behind holding the GPU
+        for left in (proc, ahead[1] if ahead is not None else None):
+            if left is not None:
+                left.cancel()
     bar.close()
     return failed
 
