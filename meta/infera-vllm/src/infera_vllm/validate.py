@@ -274,7 +274,6 @@ class _Run:
 
     def __init__(self, cfg: dict, env: dict, work: str):
         os.makedirs(work, exist_ok=True)
-        self.work = work
         self.cfg_path, self.out_path, self.log_path, self.imported_file, self.quiet_file = (
             os.path.join(work, n) for n in ("config.json", "result.json", "log.txt", "imported", "quiet"))
         for stale in (self.out_path, self.imported_file, self.quiet_file):  # a cut call's leftovers
@@ -282,7 +281,7 @@ class _Run:
                 os.remove(stale)
         with open(self.cfg_path, "w") as f:
             json.dump({**cfg, "await_go": True, "imported_file": self.imported_file, "quiet_file": self.quiet_file}, f)
-        self.started, self.go_at = time.perf_counter(), None
+        self.go_at = None
         self.log = open(self.log_path, "w")
         # pinned before the child starts: vLLM's engine process and every thread inherit the CPU set
         cpus = cfg.get("cpus")
