@@ -357,9 +357,16 @@ def validate_preset(r: Runner, preset: str | None, models: str | None, results: 
 
 
 def keep(r: Runner, live: Path) -> None:
-    """A validate call's results file (in $OUT) kept in /tmp/infera-validate/ for the machine's next call."""
+    """A validate call's results file (in $OUT) kept in /tmp/infera-validate/ for the machine's next call, and
+    its runs' logs (validate writes them to ``<name>-logs/`` beside the file) packed into one
+    ``<name>-logs.tar.gz``: the device call brings back at most 8 files, fewer than a model's runs' logs
+    and the results together."""
     r.run(["mkdir", "-p", str(KEPT)])
     r.run(["cp", str(live), str(KEPT / live.name)])
+    logs = live.with_name(live.stem + "-logs")
+    if r.dry_run or logs.is_dir():
+        r.run(["tar", "-czf", f"{logs}.tar.gz", "-C", str(live.parent), logs.name])
+        r.run(["rm", "-rf", str(logs)])
 
 
 def step_parallel(r: Runner, a) -> None:

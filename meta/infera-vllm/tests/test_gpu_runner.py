@@ -97,6 +97,8 @@ def test_validate_continues_from_the_file_the_machine_kept(tmp_path, monkeypatch
     assert f"+ cp {checkout} {out / 'validation.json'}" in printed
     assert f"--out {out / 'validation.json'}" in printed
     assert f"+ cp {out / 'validation.json'} {tmp_path / 'kept' / 'validation.json'}" in printed
+    # the runs' logs come back as one file (the device call returns at most 8)
+    assert f"+ tar -czf {out / 'validation-logs'}.tar.gz -C {out} validation-logs" in printed
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "validation.json").write_text("{}")
     assert run.main(["--out", str(out), "--dry-run", "validate", "--models", "qwen3-8b"]) == 0

@@ -492,14 +492,14 @@ def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_p
     model, out = _model_dir(tmp_path), str(tmp_path / "res" / "validation.json")
     args = [model, "--batches", "1,4", "--rounds", "2", "--out", out, "--work", str(tmp_path / "w")]
     assert validate.main(args) == 0
-    assert fake_engine == ["off", "off", "default", "norm"] * 2  # alternating rounds
+    assert fake_engine == ["off", "default", "norm", "off"] * 2  # alternating rounds, off2 closing each
     doc = json.loads(Path(out).read_text())
     assert doc["format"] == "infera-vllm-validate/1"
     (entry,) = doc["models"]
     assert {"model", "path", "config_sha256", "weights", "commit", "versions", "options", "environment", "runs",
             "skipped", "reference", "throughput_meaningful"} <= set(entry)
     assert entry["commit"] == "abc123" and entry["weights"] == "real" and entry["options"]["batches"] == [1, 4]
-    assert list(entry["runs"]) == ["off", "off2", "default", "norm"]
+    assert list(entry["runs"]) == ["off", "default", "norm", "off2"]
     assert entry["runs"]["norm"]["env"] == {"INFERA_VLLM_OPS": "norm"}
     assert entry["runs"]["norm"]["agreement"]["agreement"] == 1.0 and entry["reference"]["model_accuracy"] == 1.0
     assert all(len(r["rounds"]) == 2 for r in entry["runs"].values())
@@ -511,7 +511,7 @@ def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_p
     assert fake_engine == []
     assert "already measured at abc123" in capsys.readouterr().err
     assert validate.main(args + ["--rounds", "3"]) == 0  # one more round continues the entry
-    assert fake_engine == ["off", "off", "default", "norm"]
+    assert fake_engine == ["off", "default", "norm", "off"]
     assert len(json.loads(Path(out).read_text())["models"]) == 1
 
     fake_engine.clear()
@@ -529,10 +529,13 @@ def test_a_budget_stops_between_runs_and_the_next_call_continues(fake_engine, tm
     out = str(tmp_path / "v.json")
     args = [_model_dir(tmp_path), "--rounds", "1", "--out", out, "--budget-s", "250", "--json"]
     assert validate.main(args) == 0
-    assert fake_engine == ["off", "off"]
+    assert fake_engine == ["off", "default"]
+    (entry,) = json.loads(Path(out).read_text())["models"]
+    assert not entry["runs"]["off2"]["rounds"]  # the round's closing off2 not run: no spread, speed not judged
+    assert "plugin off ran once" in next(r["note"] for r in validate.judge(entry)["rows"] if r["run"] == "default")
     monkeypatch.setattr(validate.time, "perf_counter", lambda: 0.0)
     assert validate.main(args) == 0
-    assert fake_engine == ["off", "off", "default", "norm"]
+    assert fake_engine == ["off", "default", "norm", "off"]
 
 
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
@@ -649,7 +652,7 @@ def test_real_run_on_the_cpu_engine(tmp_path):
     print(proc.stdout, f"({time.perf_counter() - start:.0f} s)")
     (entry,) = json.loads(out.read_text())["models"]
     assert entry["environment"]["gpu_family"] == "cpu" and entry["throughput_meaningful"] is False
-    assert list(entry["runs"]) == ["off", "off2", "default", "norm"]
+    assert list(entry["runs"]) == ["off", "default", "norm", "off2"]
     assert "--ops" in entry["skipped"]["attn-paged"] and entry["ops_run"] == {"norm": 5}  # 2 x 2 + the final norm
     assert entry["runs"]["off2"]["agreement"] == {"positions": 510, "agreement": 1.0, "disagreements": []}
     for label, run in entry["runs"].items():
@@ -663,7 +666,7 @@ def test_real_run_on_the_cpu_engine(tmp_path):
         if label.startswith("off"):
             assert run["coverage"] is None  # the plugin off writes no report
     assert not any("measured_by" in run for run in entry["runs"].values())  # norm took no call in the default set
-    rounds = [entry["runs"][label]["rounds"][0] for label in ("off", "off2", "default", "norm")]
+    rounds = [entry["runs"][label]["rounds"][0] for label in ("off", "default", "norm", "off2")]
     assert [r["imported_ahead"] for r in rounds] == [False, True, True, True]  # each next run imported meanwhile
     for this, after in zip(rounds, rounds[1:]):
         assert this["measured_at"] >= after["imported_at"]  # and not while this run was timed
@@ -709,8 +712,8 @@ def test_startup_and_the_self_check_cost():
     assert "self-check startup cost: +1.7% (every-op vs every-op-nocheck)" in text
     assert "startup (engine construction) x off (40.5 s): every-op 1.042" in text
     configs = validate.run_configs(["norm", "attn-paged"], gpu=True, real=False, base_llm={}, self_check_cost=True)
-    assert [c["label"] for c in configs] == ["off", "every-op", "every-op-nocheck", "off2", "default", "norm",
-                                             "attn-paged"]
+    assert [c["label"] for c in configs] == ["off", "every-op", "every-op-nocheck", "default", "norm", "attn-paged",
+                                             "off2"]
     every = {c["label"]: c["env"] for c in configs}
     assert every["every-op"] == {"INFERA_VLLM_OPS": "norm,attn-paged", "INFERA_ATTN_PAGED_DEFAULT": "1",
                                  "INFERA_VLLM_SELF_CHECK": "first"}
@@ -775,7 +778,7 @@ def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_en
     out = tmp_path / "v.json"
     assert validate.main(["--preset", "attn-paged-h200", "--models", "qwen3-8b", "--out", str(out),
                           "--work", str(tmp_path / "w"), "--runs", "off2,norm"]) == 0
-    assert fake_engine == ["off", "off", "norm"]  # --runs replaces the preset's; off always runs
+    assert fake_engine == ["off", "norm", "off"]  # --runs replaces the preset's; off always runs
     assert seen[0]["prompt_tokens"] == {"1": 16384, "16": 8192, "64": 2048, "256": 512}
     (entry,) = json.loads(out.read_text())["models"]
     assert entry["options"]["llm_kwargs"]["max_model_len"] == 16384 + 128 + 1 + 16
@@ -814,8 +817,8 @@ def test_a_presets_own_run_is_its_op_with_more_switches(fake_engine, tmp_path, m
     monkeypatch.setattr(validate, "_spawn", lambda cfg, env, work: (envs.append(dict(env)), spawn(cfg, env, work))[1])
     out = tmp_path / "v.json"
     assert validate.main(["--preset", "norm-qwen3-h200", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
-    assert fake_engine == ["off", "off", "norm", "norm"]
-    assert envs[3]["INFERA_NORM_PER_HEAD_KERNEL"] == "1" and "INFERA_NORM_PER_HEAD_KERNEL" not in envs[2]
+    assert fake_engine == ["off", "norm", "norm", "off"]
+    assert envs[2]["INFERA_NORM_PER_HEAD_KERNEL"] == "1" and "INFERA_NORM_PER_HEAD_KERNEL" not in envs[1]
     (entry,) = json.loads(out.read_text())["models"]
     assert entry["runs"]["norm-heads-kernel"]["op"] == "norm"
     rows = {r["run"]: r for r in validate.judge(entry)["rows"]}
@@ -878,7 +881,7 @@ def test_a_random_weight_model_gets_one_checkpoint_and_its_agreement_is_judged(f
     out = tmp_path / "v.json"
     assert validate.main(["--preset", "parallel-random-h200x2", "--out", str(out), "--work", str(tmp_path / "w"),
                           "--runs", "off2,norm"]) == 0
-    assert writes == [str(tmp_path / "w" / "models" / "qwen3-8b")] and fake_engine == ["off", "off", "norm"]
+    assert writes == [str(tmp_path / "w" / "models" / "qwen3-8b")] and fake_engine == ["off", "norm", "off"]
     assert {c["weights"] for c in seen} == {"random"} and {c["tp"] for c in seen} == {2}
     (entry,) = json.loads(out.read_text())["models"]
     assert entry["weights"] == "random" and entry["runs"]["norm"]["agreement"]["agreement"] == 1.0
@@ -901,11 +904,11 @@ def test_the_parallel_preset_runs_the_moe_op_with_expert_parallel_where_it_serve
     extra = preset["options"]["extra_runs"]
     moe = validate.run_configs(["moe-decode"], gpu=True, real=False, base_llm={}, runs=preset["options"]["runs"],
                                extra_runs=extra)
-    assert [c["label"] for c in moe] == ["off", "off2", "default", "moe-decode-ep"]
-    assert moe[-1]["llm"] == {"enable_expert_parallel": True} and moe[-1]["env"] == {"INFERA_VLLM_OPS": "moe-decode"}
+    assert [c["label"] for c in moe] == ["off", "default", "moe-decode-ep", "off2"]
+    assert moe[-2]["llm"] == {"enable_expert_parallel": True} and moe[-2]["env"] == {"INFERA_VLLM_OPS": "moe-decode"}
     dense = validate.run_configs([], gpu=True, real=False, base_llm={}, runs=preset["options"]["runs"],
                                  extra_runs=extra)
-    assert [c["label"] for c in dense] == ["off", "off2", "default"]
+    assert [c["label"] for c in dense] == ["off", "default", "off2"]
 
 
 def test_the_random_checkpoint_is_the_config_with_transformers_init(tmp_path):
@@ -943,8 +946,8 @@ def test_a_presets_plugin_off_run_is_a_reference_shown_not_judged(fake_engine, t
         {"name": "smollm2-135m", "path": _model_dir(tmp_path), "weights": "real", "llm_kwargs": {}}])
     out = tmp_path / "v.json"
     assert validate.main(["--preset", "norm-smollm2-h200", "--out", str(out), "--work", str(tmp_path / "w")]) == 0
-    assert fake_engine == ["off", "off", "norm", "off"]
-    cfg, env = seen[3]
+    assert fake_engine == ["off", "norm", "off", "off"]
+    cfg, env = seen[2]
     assert cfg["llm_kwargs"]["ir_op_priority"] == {"rms_norm": ["vllm_c"], "fused_add_rms_norm": ["vllm_c"]}
     assert env["INFERA_VLLM_OPS_DISABLE"] == "1"
     (entry,) = json.loads(out.read_text())["models"]

@@ -2,10 +2,11 @@
 neutral, and whether the outputs still agree with vLLM's own.
 
 Per model, each configuration in its own process (``python -m infera_vllm.validate run-one``), in
-alternating rounds: the plugin off twice (``off``, ``off2``: the run-to-run noise), on GPUs with real weights
-and attention in play vLLM's TRITON_ATTN with the plugin off (``off-triton``: how far another of vLLM's own
-correct kernels moves the top-1s), the plugin's default op set (``default``), and each installed op alone
-(``INFERA_VLLM_OPS=<op>``, opt-in ones included) where ``infera-vllm doctor --model`` says it takes layers of
+alternating rounds: the plugin off twice (``off`` first and ``off2`` last in each round: the noise over the
+round), on GPUs with real weights and attention in play vLLM's TRITON_ATTN with the plugin off
+(``off-triton``: how far another of vLLM's own correct kernels moves the top-1s), the plugin's default op
+set (``default``), and each installed op alone (``INFERA_VLLM_OPS=<op>``, opt-in ones included) where
+``infera-vllm doctor --model`` says it takes layers of
 the model. Each run times prefill and decode at every batch size and, for real weights, takes teacher-forced
 top-1s on real prose (``infera_vllm.harness``); its merged coverage report says what each op served.
 ``judge`` turns the runs into one verdict per op run (docs/validate.md): ``faster``, ``neutral``,
@@ -426,8 +427,11 @@ def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str],
 
 def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_check_cost: bool = False,
                 runs: list[str] | None = None, extra_runs: dict | None = None) -> list[dict]:
-    """The configurations of one model, in the order each round runs them; ``runs``: only those labels
-    (``off`` always: every ratio is against it). ``extra_runs`` (a preset's own runs, label -> {``op``,
+    """The configurations of one model, in the order each round runs them: ``off`` first and ``off2`` last, so
+    the off-vs-off spread spans the whole round (a GPU that drifts over a round, warming under
+    compute-bound prefills, moves the runs between by as much as it moves off2; two plugin-off runs side by
+    side would leave that drift out of the noise and put it into whichever op ran late); ``runs``: only
+    those labels (``off`` always: every ratio is against it). ``extra_runs`` (a preset's own runs, label -> {``op``,
     ``env``, ``llm``}): each is its op alone as validate runs it, with the given switches and vLLM arguments
     on top (e.g. one op's alternative setting beside its default), judged like the op's own run; one about
     an op that takes no layers of the model is left out. ``self_check_cost``: every op
@@ -445,7 +449,6 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
                      "llm": {}},
                     {"label": "every-op-nocheck", "plugin": True, "env": {**every, "INFERA_VLLM_SELF_CHECK": "off"},
                      "llm": {}}]
-    configs.append({"label": "off2", "plugin": False, "env": off, "llm": {}})
     if gpu and real and "attn-paged" in ops:
         configs.append({"label": "off-triton", "plugin": False, "env": off,
                         "llm": {"attention_config": {"backend": "TRITON_ATTN"}}})
@@ -460,6 +463,7 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
             configs.append({"label": label, "plugin": True, "op": extra["op"],
                             "env": {"INFERA_VLLM_OPS": extra["op"], **ALONE_ENV.get(extra["op"], {}),
                                     **extra.get("env", {})}, "llm": dict(extra.get("llm", {}))})
+    configs.append({"label": "off2", "plugin": False, "env": off, "llm": {}})  # last: it brackets the round
     if runs is not None:
         configs = [c for c in configs if c["label"] == "off" or c["label"] in runs]
     for c in configs:
