@@ -187,6 +187,40 @@ def test_prefill_and_mixed_batch_reach_the_ragged_kernel(vllm_config, monkeypatc
     assert _counts()[("kernel", "", "33-64", "call")] == before + 1
 
 
+def test_the_fa3_route_passes_flash_attns_schedule_for_the_step(vllm_config, monkeypatch):
+    """Where FA3 serves prefills, the builder takes each prefill or mixed step's FA3 schedule and split cap
+    from vLLM's own FLASH_ATTN builder (none for a decode step) and the route passes both to FA3, as
+    FLASH_ATTN does. On the GPU, with FA3 itself, the output is FA3's without the schedule bit for bit; on
+    the CPU (no FA3 there) a recorder stands in for FA3 and FLASH_ATTN's builder returns a marked schedule."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+
+    from infera_ops.attn_paged import seam
+
+    monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
+    calls, built = [], []
+    if DEV == "cpu":
+        marked = torch.arange(5, dtype=torch.int32)
+        monkeypatch.setattr(seam, "_FA3", [lambda **kw: calls.append(kw), None])
+        monkeypatch.setattr(FlashAttentionMetadataBuilder, "build", lambda self, *a, **k: (
+            built.append(a), type("FA", (), {"scheduler_metadata": marked, "max_num_splits": 7})())[1])
+    elif seam.fa3_unavailable() is not None:
+        pytest.skip(f"FA3 does not run here: {seam.fa3_unavailable()}")
+    md, kv_cache, block_table, impl, q = _prefill_case(vllm_config)
+    assert impl._infera_prefill == "fa3" and md.infera_fa3 is not None
+    out = torch.full_like(q, float("nan"))
+    impl.forward(None, q, None, None, kv_cache, md, out)
+    if DEV == "cpu":
+        (call,) = calls
+        assert call["scheduler_metadata"] is marked and call["num_splits"] == 7 and len(built) == 1
+    else:
+        unscheduled = torch.full_like(q, float("nan"))
+        md.infera_fa3 = None
+        impl.forward(None, q, None, None, kv_cache, md, unscheduled)
+        assert torch.equal(out, unscheduled)
+    decode_md = _decode_batch(vllm_config, [50, 1, 33])[0]
+    assert decode_md.infera_fa3 is None and len(built) == (1 if DEV == "cpu" else 0)  # decode: the kernel's
+
+
 @pytest.mark.parametrize("features", [{}, {"sinks": True, "sliding_window": 16}, {"logits_soft_cap": 5.0}])
 def test_prefill_route_by_default_is_fa3_where_it_runs(vllm_config, monkeypatch, features):
     """Default (``auto``): FA3 where vLLM's FA3 runs on this GPU (route ``fa3``), else the ragged kernel; the

@@ -3,8 +3,9 @@
 ``InferaAttentionBackend`` is vLLM's Triton backend (same KV-cache layout, same metadata; the KV write is
 FLASH_ATTN's compiled one where the build has it, :func:`compiled_cache_write`)
 whose ``forward`` runs the split-KV decode kernel on pure decode batches, and prefill and mixed batches on the
-fastest kernel there is for them: FlashAttention-3 (vLLM's build, over the same cache views) where it runs on
-this GPU, counted as route ``fa3``, else the ragged prefill kernel (kernels.py). What they cannot serve goes
+fastest kernel there is for them: FlashAttention-3 (vLLM's build, over the same cache views, with the step's
+schedule from vLLM's FLASH_ATTN builder, as FLASH_ATTN calls it) where it runs on this GPU, counted as route
+``fa3``, else the ragged prefill kernel (kernels.py). What they cannot serve goes
 to the parent, so such a call runs exactly what ``TRITON_ATTN`` would have run. Every decision is counted
 (policy.py has the reasons). ``INFERA_ATTN_PAGED_PREFILL`` (policy.prefill_route) overrides the prefill
 route: ``kernel``, ``fa3`` or ``triton`` (the parent by design, ``prefill-handover``).
@@ -44,6 +45,7 @@ as ``(num_blocks, Hkv, block_size, 2·D)`` (K and V packed along the last dim). 
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 from vllm.v1.attention.backends.triton_attn import (
@@ -183,16 +185,42 @@ def workspace_for(splits: list[int], num_heads: int, head_size: int, device) -> 
     return launch.Workspace(rows, num_heads, head_size, device)
 
 
+class Fa3Schedule(NamedTuple):
+    """What vLLM's FLASH_ATTN builder computes once per step for FA3 and passes to every layer's call:
+    ``scheduler_metadata`` (FA3's ``get_scheduler_metadata``: each sequence's query-tile and split counts,
+    on the device; None where that builder does not schedule ahead, e.g. layers with different sliding
+    windows) and ``num_splits`` (its cap on FA3's splits: under full CUDA graphs the graphs' cap, else 0,
+    FA3's own choice)."""
+
+    scheduler_metadata: torch.Tensor | None
+    num_splits: int
+
+
+def fa3_schedule_builder(kv_cache_spec, layer_names, vllm_config, device, head_size: int):
+    """vLLM's FLASH_ATTN metadata builder for this KV-cache group, whose per-step schedule (:class:`Fa3Schedule`)
+    the ``fa3`` prefill route passes to FA3 as FLASH_ATTN does: without it FA3 computes the same schedule
+    inside every layer's call (a tile-counter allocation and a scheduling kernel per layer, host time that a
+    short prefill, run eagerly, pays 32-48 times a step). None where FA3 takes no prefills of this backend
+    (another platform or route, :func:`policy.prefill_on_fa3`)."""
+    if not policy.prefill_on_fa3(policy.prefill_route(), fa3_unavailable(), head_size):
+        return None
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+
+    return FlashAttentionMetadataBuilder(kv_cache_spec, layer_names, vllm_config, device)
+
+
 class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
     """Triton's builder plus the decode kernel's slice cap and workspace, both fixed per batch size (each
     sequence's slice count is chosen on the device from its length), so a full CUDA graph captured at one
-    batch size replays with any context length."""
+    batch size replays with any context length; for a prefill or mixed batch where FA3 serves those, also
+    FLASH_ATTN's FA3 schedule for the step (``infera_fa3``: :func:`fa3_schedule_builder`; None otherwise)."""
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._infera_splits = split_table(vllm_config.scheduler_config.max_num_seqs, self.num_heads_kv, device,
                                           self.headdim)
         self.infera_workspace = workspace_for(self._infera_splits, self.num_heads_q, self.headdim, device)
+        self._infera_fa3 = fa3_schedule_builder(kv_cache_spec, layer_names, vllm_config, device, self.headdim)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -200,6 +228,11 @@ class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
         md.infera_num_splits = (self._infera_splits[num_seqs] if num_seqs < len(self._infera_splits)
                                 else launch.split_cap(num_seqs, self.num_heads_kv, self.device, head_size=self.headdim))
         md.infera_workspace = self.infera_workspace
+        md.infera_fa3 = None
+        if self._infera_fa3 is not None and not policy.is_decode(
+                common_attn_metadata.max_query_len, common_attn_metadata.num_actual_tokens, num_seqs):
+            fa = self._infera_fa3.build(common_prefix_len, common_attn_metadata, fast_build)
+            md.infera_fa3 = Fa3Schedule(fa.scheduler_metadata, fa.max_num_splits)
         return md
 
 
@@ -327,6 +360,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
             md = copy.copy(md)
             keys = min(CHECK_KEYS, md.block_table.shape[1] * key_cache.shape[1])
             md.seq_lens, md.max_seq_len = torch.full_like(md.seq_lens, keys), keys
+            md.infera_fa3 = None  # a schedule is for the step's own lengths
         pages = -(-md.max_seq_len // key_cache.shape[1])
         blocks = torch.unique(md.block_table[:md.seq_lens.shape[0], :pages].long())
         blocks = blocks[(blocks >= 0) & (blocks < key_cache.shape[0])]
@@ -371,7 +405,9 @@ class InferaAttentionImpl(TritonAttentionImpl):
     def _fa3_forward(self, query, kv_cache, md, output):
         """A prefill or mixed batch on FlashAttention-3, called as vLLM's FLASH_ATTN backend calls it
         (FlashAttentionImpl.forward: varlen over the paged cache views, causal, the layer's window, soft-cap
-        and sinks) on the Triton builder's metadata; no AOT schedule (FA3 computes it from the same lengths)."""
+        and sinks, the step's FA3 schedule and split cap from FLASH_ATTN's builder: ``md.infera_fa3``) on the
+        Triton builder's metadata; where the step has no schedule (metadata built elsewhere), FA3 computes it
+        from the same lengths."""
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
         tokens = md.num_actual_tokens
         window = [self._infera_window, 0] if self._infera_window >= 0 else [-1, -1]
@@ -379,10 +415,12 @@ class InferaAttentionImpl(TritonAttentionImpl):
         # loaded into the same tensor after the impl is built, and a copy made then would keep the init values
         sinks = self.sinks
         s_aux = None if sinks is None else sinks if sinks.dtype == torch.bfloat16 else sinks.to(torch.bfloat16)
+        schedule = getattr(md, "infera_fa3", None) or Fa3Schedule(None, 0)
         _FA3[0](q=query[:tokens], k=key_cache, v=value_cache, out=output[:tokens], cu_seqlens_q=md.query_start_loc,
                 max_seqlen_q=md.max_query_len, seqused_k=md.seq_lens, max_seqlen_k=md.max_seq_len,
                 softmax_scale=self.scale, causal=True, window_size=window, block_table=md.block_table,
-                softcap=self._infera_softcap, fa_version=3, s_aux=s_aux)
+                softcap=self._infera_softcap, scheduler_metadata=schedule.scheduler_metadata,
+                num_splits=schedule.num_splits, fa_version=3, s_aux=s_aux)
         return output
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
