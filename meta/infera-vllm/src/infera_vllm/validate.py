@@ -812,28 +812,34 @@ def markdown(doc: dict) -> str:
 
 
 def plot(doc: dict, path: str) -> None:
+    """Each model's newest entry (the last of that model in ``doc``, as docs/results.md shows it): one column
+    per model, decode above and prefill below, each op run's ratio to plugin off per batch size inside the
+    band its verdict was judged against (``max(min_effect, spread)``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    entries = doc["models"]
-    fig, axes = plt.subplots(1, len(entries), figsize=(5 * len(entries), 4), squeeze=False)
-    for ax, entry in zip(axes[0], entries):
+    entries = list({e["model"]: e for e in doc["models"]}.values())
+    fig, axes = plt.subplots(2, len(entries), figsize=(4.5 * len(entries), 7), squeeze=False)
+    for column, entry in enumerate(entries):
         j = judge(entry, **entry.get("judge_options", {}))
         batches = [str(b) for b in entry["options"]["batches"]]
-        band = [max(j["thresholds"]["min_effect"], j["noise"]["decode"].get(b) or 0) for b in batches]
         xs = range(len(batches))
-        ax.fill_between(xs, [1 - t for t in band], [1 + t for t in band], color="0.85", label="off-vs-off band")
-        for row in j["rows"]:
-            ys = [row["ratios"]["decode"].get(b, float("nan")) for b in batches]
-            ax.plot(xs, ys, "o-", label=f"{row['run']} ({row['verdict']})")
-        ax.set_xticks(list(xs), [f"batch {b}" for b in batches])
-        ax.set_title(entry["model"], fontsize=9)
-        ax.set_ylabel("decode tok/s vs plugin off")
-        ax.legend(fontsize=7, loc="upper left")
+        for ax, metric in zip(axes[:, column], ("decode", "prefill")):
+            band = [max(j["thresholds"]["min_effect"], j["noise"][metric].get(b) or 0) for b in batches]
+            ax.fill_between(xs, [1 - t for t in band], [1 + t for t in band], color="0.85", label="noise band")
+            for row in j["rows"]:
+                ys = [row["ratios"][metric].get(b, float("nan")) for b in batches]
+                ax.plot(xs, ys, "o-", label=f"{row['run']} ({row['verdict']})")
+            ax.axhline(1.0, color="0.4", linewidth=0.8)
+            ax.set_xticks(list(xs), [f"batch {b}" for b in batches])
+            ax.set_title(f"{entry['model']} {metric} ({str(entry.get('commit', ''))[:7]}, {clock(entry)})",
+                         fontsize=8)
+            ax.set_ylabel(f"{metric} tok/s vs plugin off")
+            ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
