@@ -199,6 +199,22 @@ def test_attention_is_judged_against_vllms_other_attention_backend_too():
     assert rows == {"attn-paged": "neutral", "norm": "disagrees"}  # TRITON_ATTN itself agrees only 0.96
 
 
+def test_greedy_continuations_count_the_tokens_before_the_first_difference():
+    ref = [[5, 6, 7, 8], [1, 2, 3, 4]]
+    assert validate.greedy_agreement(ref, ref) == {"tokens": 8, "matched": [4, 4], "share": 1.0}
+    got = validate.greedy_agreement(ref, [[5, 6, 9, 8], [7, 2, 3, 4]])  # later matches after a difference: none
+    assert got == {"tokens": 8, "matched": [2, 0], "share": 0.25}
+    assert validate.greedy_tokens(1500) == 256 and validate.greedy_tokens(256) == 64 and validate.greedy_tokens(2) == 1
+    runs = {"off": ([_round(100.0)], {}), "off2": ([_round(100.0)], _agree(1.0)),
+            "norm": ([_round(100.0)], _agree(0.99))}
+    entry = _entry(runs)
+    entry["runs"]["off2"]["greedy_agreement"] = {"tokens": 8, "matched": [4, 4], "share": 1.0}
+    entry["runs"]["norm"]["greedy_agreement"] = got
+    assert validate.judge(entry)["greedy_vs_off"] == {"off2": 1.0, "norm": 0.25}
+    assert "greedy decode vs off" in validate.render({"models": [entry]}) and "norm 0.250" in validate.render(
+        {"models": [entry]})
+
+
 def test_without_meaningful_throughput_only_agreement_is_judged():
     runs = _runs(norm=([_round(500.0)], _agree(1.0)), bad=([_round(100.0)], _agree(0.5)))
     assert [r["verdict"] for r in validate.judge(_entry(runs, meaningful=False))["rows"]] == ["agrees", "disagrees"]
@@ -655,6 +671,9 @@ def test_real_run_on_the_cpu_engine(tmp_path):
     assert list(entry["runs"]) == ["off", "default", "norm", "off2"]
     assert "--ops" in entry["skipped"]["attn-paged"] and entry["ops_run"] == {"norm": 5}  # 2 x 2 + the final norm
     assert entry["runs"]["off2"]["agreement"] == {"positions": 510, "agreement": 1.0, "disagreements": []}
+    # greedy continuations (the decode path): 64 tokens after each prompt's first 192, off2's all off's
+    assert entry["runs"]["off2"]["greedy_agreement"] == {"tokens": 128, "matched": [64, 64], "share": 1.0}
+    assert 0 <= entry["runs"]["norm"]["greedy_agreement"]["share"] <= 1 and "greedy decode vs off" in proc.stdout
     for label, run in entry["runs"].items():
         (r,) = run["rounds"]
         assert "error" not in r, r

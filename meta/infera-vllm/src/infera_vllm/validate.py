@@ -103,6 +103,12 @@ def measure(cfg: dict) -> dict:
                            use_tqdm=False)
         out["top1"] = [[next(t for t, lp in pos.items() if lp.rank == 1) for pos in o.prompt_logprobs[1:]] for o in gen]
         out["prompts"] = prompts
+        # the decode path at real logits: greedy continuations of each prompt's head (prompt_logprobs is prefill)
+        g = greedy_tokens(cfg["agreement_tokens"])
+        gen = llm.generate([{"prompt_token_ids": p[:-g]} for p in prompts],
+                           SamplingParams(max_tokens=g, temperature=0.0, ignore_eos=True, detokenize=False),
+                           use_tqdm=False)
+        out["greedy"] = [list(o.outputs[0].token_ids) for o in gen]
     rng = random.Random(0)
     dlen = cfg["decode_tokens"]
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
@@ -115,6 +121,25 @@ def measure(cfg: dict) -> dict:
         out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, timed)
     out["measure_s"] = time.perf_counter() - start  # agreement and timed generations
     return out
+
+
+def greedy_tokens(agreement_tokens: int) -> int:
+    """Tokens each greedy continuation generates: a quarter of the agreement prompt, at most 256, continuing
+    its first three quarters or more (so the decode steps read a long context)."""
+    return max(1, min(256, agreement_tokens // 4))
+
+
+def greedy_agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
+    """Greedy continuations against ``off``'s: per prompt the tokens generated before the first that differs
+    (after it the two runs continue different texts, so nothing later compares), and their share of all the
+    generated tokens. One flipped near-tie ends a continuation, so the share moves in large steps: it is
+    shown beside off2's and TRITON_ATTN's, not judged."""
+    matched = []
+    for a, b in zip(ref, got, strict=True):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        matched.append(n)
+    total = sum(len(a) for a in ref)
+    return {"tokens": total, "matched": matched, "share": sum(matched) / total if total else 1.0}
 
 
 class Timings(NamedTuple):
@@ -600,6 +625,8 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             "noise": noise, "agreement_off_vs_off": off2["agreement"] if off2 else None,
             "startup_off_s": harness.median(off_startup) if off_startup else None, "self_check_startup_cost": cost,
             "agreement_off_vs_triton": triton["agreement"] if triton else None,
+            "greedy_vs_off": {label: run["greedy_agreement"]["share"] for label, run in runs.items()
+                              if run.get("greedy_agreement")},
             "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
                            "agreement_floor": floor, "attention_agreement_floor": attn_floor}}
 
@@ -771,6 +798,12 @@ def render(doc: dict) -> str:
                        f"{_ratios(ref['ratios']['prefill']):<22} {agree:>7}  {'reference':<10} plugin off")
         for op, why in entry.get("skipped", {}).items():
             out.append(f"  {op:<18} not run: {why}")
+        if j["greedy_vs_off"]:
+            some = next(run["greedy_agreement"] for run in entry["runs"].values() if run.get("greedy_agreement"))
+            out.append(f"  greedy decode vs off (share of {len(some['matched'])} x "
+                       f"{some['tokens'] // max(1, len(some['matched']))}-token continuations before the first "
+                       "token that differs; shown, not judged): "
+                       + ", ".join(f"{label} {share:.3f}" for label, share in j["greedy_vs_off"].items()))
         spent = []
         for label, run in entry["runs"].items():  # the checks' own time (the run's last round) against its startup
             seconds = sum((c.get("self_check") or {}).get("seconds", 0.0) for c in (run.get("coverage") or {}).values())
@@ -1205,12 +1238,15 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 shutil.copyfile(log, os.path.join(logs, f"{m['name']}-{c['label']}-r{r}.log"))
             if r == 0:
                 run["coverage"] = coverage(os.path.join(report_dir, "report"))
-            top1, prompts = res.pop("top1", None), res.pop("prompts", None)
+            top1, prompts, greedy = res.pop("top1", None), res.pop("prompts", None), res.pop("greedy", None)
             if c["label"] == "off" and top1 is not None and r == 0:
-                entry["reference"] = {"top1": top1, "model_accuracy": harness.accuracy(top1, prompts)}
+                entry["reference"] = {"top1": top1, "model_accuracy": harness.accuracy(top1, prompts),
+                                      "greedy": greedy}
             elif top1 is not None and entry.get("reference") and "agreement" not in run:
                 cmp = harness.compare(entry["reference"]["top1"], top1)
                 run["agreement"] = {**cmp, "disagreements": cmp["disagreements"][:50]}
+                if greedy is not None and entry["reference"].get("greedy") is not None:
+                    run["greedy_agreement"] = greedy_agreement(entry["reference"]["greedy"], greedy)
             if "error" in res:
                 failed = True
                 tqdm.write(f"{m['name']} {c['label']} round {r}: {res['error'][:400]}", file=sys.stderr)
