@@ -221,6 +221,30 @@ def test_the_fa3_route_passes_flash_attns_schedule_for_the_step(vllm_config, mon
     assert decode_md.infera_fa3 is None and len(built) == (1 if DEV == "cpu" else 0)  # decode: the kernel's
 
 
+def test_a_flash_attn_builder_that_cannot_be_built_leaves_fa3_to_schedule_each_call(vllm_config, monkeypatch,
+                                                                                     caplog):
+    """vLLM's FLASH_ATTN builder refusing this configuration costs the route its schedule, logged, never the
+    engine: the backend's builder still builds, and FA3 gets no schedule."""
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+
+    from infera_ops.attn_paged import seam
+
+    monkeypatch.delenv("INFERA_ATTN_PAGED_PREFILL", raising=False)
+    calls = []
+    monkeypatch.setattr(seam, "_FA3", [lambda **kw: calls.append(kw), None])
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("not this config")
+
+    monkeypatch.setattr(FlashAttentionMetadataBuilder, "__init__", refuse)
+    with caplog.at_level("WARNING"):
+        md, kv_cache, block_table, impl, q = _prefill_case(vllm_config)
+    assert md.infera_fa3 is None and "FLASH_ATTN's metadata builder is not built here" in caplog.text
+    impl.forward(None, q, None, None, kv_cache, md, torch.empty_like(q))
+    (call,) = calls
+    assert call["scheduler_metadata"] is None and call["num_splits"] == 0
+
+
 @pytest.mark.parametrize("features", [{}, {"sinks": True, "sliding_window": 16}, {"logits_soft_cap": 5.0}])
 def test_prefill_route_by_default_is_fa3_where_it_runs(vllm_config, monkeypatch, features):
     """Default (``auto``): FA3 where vLLM's FA3 runs on this GPU (route ``fa3``), else the ragged kernel; the

@@ -201,12 +201,20 @@ def fa3_schedule_builder(kv_cache_spec, layer_names, vllm_config, device, head_s
     the ``fa3`` prefill route passes to FA3 as FLASH_ATTN does: without it FA3 computes the same schedule
     inside every layer's call (a tile-counter allocation and a scheduling kernel per layer, host time that a
     short prefill, run eagerly, pays 32-48 times a step). None where FA3 takes no prefills of this backend
-    (another platform or route, :func:`policy.prefill_on_fa3`)."""
+    (another platform or route, :func:`policy.prefill_on_fa3`), and where vLLM's builder cannot be built here
+    (logged: FA3 then schedules inside each call, as before)."""
     if not policy.prefill_on_fa3(policy.prefill_route(), fa3_unavailable(), head_size):
         return None
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+    try:
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
 
-    return FlashAttentionMetadataBuilder(kv_cache_spec, layer_names, vllm_config, device)
+        return FlashAttentionMetadataBuilder(kv_cache_spec, layer_names, vllm_config, device)
+    except Exception as exc:  # noqa: BLE001  (vLLM's own class on a version or config it does not take)
+        from infera_vllm import log
+
+        log.warning("infera-vllm: attn-paged: FLASH_ATTN's metadata builder is not built here (%s: %s): FA3 "
+                    "schedules each prefill call itself", type(exc).__name__, exc)
+        return None
 
 
 class InferaAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
