@@ -196,6 +196,9 @@ class Fa3Schedule(NamedTuple):
     num_splits: int
 
 
+NO_FA3_SCHEDULE = Fa3Schedule(None, 0)  # FA3 schedules the call itself, with its own split choice
+
+
 def fa3_schedule_builder(kv_cache_spec, layer_names, vllm_config, device, head_size: int):
     """vLLM's FLASH_ATTN metadata builder for this KV-cache group, whose per-step schedule (:class:`Fa3Schedule`)
     the ``fa3`` prefill route passes to FA3 as FLASH_ATTN does: without it FA3 computes the same schedule
@@ -423,7 +426,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         # loaded into the same tensor after the impl is built, and a copy made then would keep the init values
         sinks = self.sinks
         s_aux = None if sinks is None else sinks if sinks.dtype == torch.bfloat16 else sinks.to(torch.bfloat16)
-        schedule = getattr(md, "infera_fa3", None) or Fa3Schedule(None, 0)
+        schedule = getattr(md, "infera_fa3", None) or NO_FA3_SCHEDULE
         _FA3[0](q=query[:tokens], k=key_cache, v=value_cache, out=output[:tokens], cu_seqlens_q=md.query_start_loc,
                 max_seqlen_q=md.max_query_len, seqused_k=md.seq_lens, max_seqlen_k=md.max_seq_len,
                 softmax_scale=self.scale, causal=True, window_size=window, block_table=md.block_table,
