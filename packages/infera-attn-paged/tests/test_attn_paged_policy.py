@@ -81,10 +81,10 @@ def test_prefill_switch(monkeypatch):
     with pytest.raises(ValueError, match="INFERA_ATTN_PAGED_PREFILL='0': expected one of auto, fa3, kernel, triton"):
         policy.prefill_route()
     monkeypatch.delenv("INFERA_ATTN_PAGED_DEFAULT", raising=False)
-    assert policy.AUTOMATIC_BY_DEFAULT == ()  # no family is validated for it yet (docs/validate.md)
-    assert not policy.platform_default("sm90")  # off unless asked
+    assert policy.AUTOMATIC_BY_DEFAULT == ("sm90",)  # the families the validation matrix judged (docs/validate.md)
+    assert policy.platform_default("sm90") and not policy.platform_default("gfx942")  # elsewhere off unless asked
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "1")
-    assert policy.platform_default("sm90")
+    assert policy.platform_default("gfx942")
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "yes")  # every spelling the plugin's flags take
     assert policy.platform_default(None)
     monkeypatch.setenv("INFERA_ATTN_PAGED_DEFAULT", "sometimes")

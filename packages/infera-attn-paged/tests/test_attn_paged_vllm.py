@@ -476,14 +476,16 @@ base = dict(head_size=64, dtype=torch.bfloat16, kv_cache_dtype="auto", block_siz
 def choose(**kw):
     cfg = AttentionSelectorConfig(**{k: v for k, v in {**base, **kw}.items() if k in fields})
     return current_platform.get_attn_backend_cls(None, attn_selector_config=cfg, num_heads=8)
-print("RESULT" + json.dumps({"auto": choose(), "bad_head": choose(head_size=8)}))
+print("RESULT" + json.dumps({"auto": choose(), "bad_head": choose(head_size=8), "fp8_kv": choose(kv_cache_dtype="fp8"),
+                            "head_32": choose(head_size=32), "encoder": choose(attn_type="encoder_only")}))
 """
 
 
 def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
     """INFERA_ATTN_PAGED_DEFAULT=1: vLLM's own selector returns the backend when nothing was selected and it
     validates for the layer; a layer it cannot take (head size 8: Triton's validation refuses) gets vLLM's
-    own choice. Without the switch vLLM's choice is untouched."""
+    own choice, and so does a layer Triton's validation accepts but the kernel would hand to the Triton parent
+    (fp8 KV cache, head size 32, encoder-only attention). Without the switch vLLM's choice is untouched."""
     from infera_vllm.testing import result_json, run_script
 
     env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_REPORT_DIR": str(tmp_path)}
@@ -492,6 +494,8 @@ def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
     assert on["bad_head"] != on["auto"]
     off = result_json(run_script(PLATFORM_DEFAULT, env=env))
     assert off["auto"] != on["auto"] and "infera" not in off["auto"]
+    for declined in ("fp8_kv", "head_32", "encoder"):  # validated by Triton, declined by the kernel
+        assert on[declined] == off[declined] and "infera" not in on[declined], declined
 
 
 def test_doctor_gives_serving_verdict_for_a_bad_switch(tmp_path):

@@ -66,8 +66,9 @@ def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
 
 # GPU families where the backend is vLLM's automatic attention choice without INFERA_ATTN_PAGED_DEFAULT: those
 # where it is `faster` or `neutral` end to end on every model of the validation matrix (docs/validate.md, the
-# table of each op's defaults, names the run). None yet: on sm90 the real-weight model is not measured.
-AUTOMATIC_BY_DEFAULT: tuple[str, ...] = ()
+# table of each op's defaults, names the runs). sm90: `faster` on all six models of the H200 matrix
+# (benchmarks/results/h200/validation/validation.json, each model's newest entry).
+AUTOMATIC_BY_DEFAULT: tuple[str, ...] = ("sm90",)
 
 
 def platform_default(family: str | None) -> bool:
@@ -92,6 +93,14 @@ def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slo
     if chunk_lookback != -1:
         return "chunked-local"
     return None
+
+
+def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None) -> str | None:
+    """The reasons of :func:`layer_decline` that vLLM's backend selector already knows for a layer (attention
+    type, head size, KV-cache dtype): where the backend would be vLLM's automatic choice, such a layer keeps
+    vLLM's own choice (FA3 on Hopper) instead of the Triton parent the kernel would hand it to. ALiBi and
+    chunked-local attention show only when the layer is built: those stay counted declines to the parent."""
+    return layer_decline(attn_type or "decoder", head_size, kv_cache_dtype or "auto", None, False, -1)
 
 
 def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool:

@@ -464,7 +464,9 @@ class InferaAttentionImpl(TritonAttentionImpl):
 def make_platform_default(op_name: str) -> None:
     """vLLM's automatic backend choice (no ``--attention-backend``) becomes this backend wherever vLLM's own
     validation accepts it for the layer (head size, dtype, KV-cache dtype, block size, MLA, sinks, ...; the
-    platform passes exactly what its selector would), else vLLM's own choice; an explicit selection is
+    platform passes exactly what its selector would) and the kernel would serve it (:func:`policy.default_decline`:
+    a layer it declines would run on the Triton parent, not on what vLLM would choose), else vLLM's own
+    choice; an explicit selection is
     untouched. Wraps the current platform class's ``get_attn_backend_cls`` through :mod:`infera_vllm.seams`
     under ``op_name``, once per process (a forked child inherits it); each refusal is counted at plan
     (``not-default``) and its first reason logged once."""
@@ -480,7 +482,12 @@ def make_platform_default(op_name: str) -> None:
                 reasons = InferaAttentionBackend.validate_configuration(
                     device_capability=cls.get_device_capability(), **attn_selector_config._asdict())
                 if not reasons:
-                    return f"{InferaAttentionBackend.__module__}.{InferaAttentionBackend.__qualname__}"
+                    decline = policy.default_decline(getattr(attn_selector_config, "attn_type", None),
+                                                     attn_selector_config.head_size,
+                                                     attn_selector_config.kv_cache_dtype)
+                    if decline is None:
+                        return f"{InferaAttentionBackend.__module__}.{InferaAttentionBackend.__qualname__}"
+                    reasons = [f"{decline}: the kernel would hand every call to TRITON_ATTN's implementation"]
                 _count("not-default", None, "plan")
                 if reasons[0] not in logged:
                     logged.add(reasons[0])
