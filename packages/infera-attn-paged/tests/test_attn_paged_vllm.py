@@ -498,6 +498,24 @@ def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
         assert on[declined] == off[declined] and "infera" not in on[declined], declined
 
 
+# the plugin's GPU family read as sm90 (the H200's), in a process on the CPU build
+AS_SM90 = "import infera_vllm.platform as p\np.detect_gpu_family = lambda: ('sm90', 'stand-in')\n"
+
+
+def test_on_a_family_it_was_validated_for_it_is_the_automatic_choice_unless_turned_off(tmp_path):
+    """sm90 is in ``policy.AUTOMATIC_BY_DEFAULT``: with the switch unset vLLM's own selector returns the
+    backend, and it still leaves vLLM the layers the kernel declines; ``INFERA_ATTN_PAGED_DEFAULT=0`` gives
+    vLLM its own choice back."""
+    from infera_vllm.testing import result_json, run_script
+
+    env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_REPORT_DIR": str(tmp_path)}
+    unset = result_json(run_script(AS_SM90 + PLATFORM_DEFAULT, env=env))
+    assert unset["auto"] == "infera_ops.attn_paged.seam.InferaAttentionBackend"
+    assert "infera" not in unset["fp8_kv"]
+    off = result_json(run_script(AS_SM90 + PLATFORM_DEFAULT, env={**env, "INFERA_ATTN_PAGED_DEFAULT": "0"}))
+    assert "infera" not in off["auto"]
+
+
 def test_doctor_gives_serving_verdict_for_a_bad_switch(tmp_path):
     """The plugin parses the op's switches in doctor as in serving: a bad value is the same bad-switch
     decline, naming the allowed values, before anything is served."""

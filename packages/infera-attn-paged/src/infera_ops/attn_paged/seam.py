@@ -87,14 +87,15 @@ def activate(ctx) -> Decline | None:
     if default:
         make_platform_default(ctx.spec.name)
         why = ("INFERA_ATTN_PAGED_DEFAULT=1" if ctx.switch("INFERA_ATTN_PAGED_DEFAULT")
-               else f"measured on {ctx.env.gpu_family}")
+               else f"measured on {ctx.env.gpu_family}; INFERA_ATTN_PAGED_DEFAULT=0 turns it off")
         ctx.note = f"vLLM's automatic attention choice where it validates ({why}), and CUSTOM"
     return None
 
 
 def plan(site) -> Decline | None:
-    """Would the backend's kernels take this attention layer (``doctor --model``)? Only with
-    ``--attention-backend CUSTOM``; per batch, fp32 queries and the other per-call reasons still apply."""
+    """Would the backend's kernels take this attention layer (``doctor --model``)? Where the backend serves it:
+    ``--attention-backend CUSTOM``, or vLLM's automatic choice (:func:`policy.platform_default`); per batch,
+    fp32 queries and the other per-call reasons still apply."""
     from infera_vllm.platform import detect_gpu_family
 
     if site.attrs.get("head_size") not in policy.HEAD_SIZES:
