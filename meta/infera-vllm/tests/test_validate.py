@@ -747,8 +747,9 @@ def test_presets_are_the_end_to_end_benchmarks():
     """Each preset is a matrix file of the plugin whose models are the matrix's configs (the context limit
     raised to the preset's longest prompt where needed; gpt-oss-20b with fewer experts in the attention
     preset) and whose options are validate's."""
-    assert validate.presets() == ["attn-paged-h200", "linear-llama3-h200", "moe-decode-h200", "norm-qwen3-h200",
-                                  "norm-smollm2-h200", "parallel-h200x2", "parallel-random-h200x2", "smollm2"]
+    assert validate.presets() == ["attn-paged-h200", "compile-noise-smollm2-h200", "linear-llama3-h200",
+                                  "moe-decode-h200", "norm-qwen3-h200", "norm-smollm2-h200", "parallel-h200x2",
+                                  "parallel-random-h200x2", "smollm2"]
     for name in validate.presets():
         preset = json.loads(Path(validate.preset_path(name)).read_text())
         assert preset["format"] == validate.MATRIX_FORMAT and set(preset["options"]) <= set(validate.DEFAULTS)
