@@ -32,6 +32,18 @@ def test_layers_declined_with_reasons():
     assert layer(chunk_lookback=8192) == "chunked-local"
 
 
+def test_layers_left_to_vllm_where_the_backend_is_the_automatic_choice():
+    """What the selector knows of a layer (attention type, head size, KV-cache dtype, the family's declined
+    head sizes) keeps a layer the kernel would decline on vLLM's own choice."""
+    assert policy.default_decline("decoder", 128, "auto", "sm90") is None
+    assert policy.default_decline(None, 64, None, "sm90") is None  # the selector's defaults: a decoder, auto
+    assert policy.default_decline("encoder_only", 128, "auto", "sm90") == "attn-type"
+    assert policy.default_decline("decoder", 128, "fp8_e4m3", "sm90") == "kv-cache-dtype"
+    assert policy.default_decline("decoder", 192, "auto", "sm90") == "head-size"
+    assert policy.default_decline("decoder", 256, "auto", "gfx1100") == "head-size-on-family"  # its file's
+    assert policy.default_decline("decoder", 256, "auto", "sm90") is None
+
+
 def batch(q=None, **kw):
     args = dict(decode=True, prefill_route="kernel", extras_present=False, quantized_output=False)
     return policy.batch_decline(torch.empty(4, 8, 64, dtype=torch.bfloat16) if q is None else q, **{**args, **kw})

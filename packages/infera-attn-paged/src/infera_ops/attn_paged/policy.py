@@ -95,12 +95,14 @@ def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slo
     return None
 
 
-def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None) -> str | None:
+def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None, family: str) -> str | None:
     """The reasons of :func:`layer_decline` that vLLM's backend selector already knows for a layer (attention
-    type, head size, KV-cache dtype): where the backend would be vLLM's automatic choice, such a layer keeps
-    vLLM's own choice (FA3 on Hopper) instead of the Triton parent the kernel would hand it to. ALiBi and
-    chunked-local attention show only when the layer is built: those stay counted declines to the parent."""
-    return layer_decline(attn_type or "decoder", head_size, kv_cache_dtype or "auto", None, False, -1)
+    type, head size, KV-cache dtype; a head size the family's tuning file declines): where the backend would
+    be vLLM's automatic choice, such a layer keeps vLLM's own choice (FA3 on Hopper) instead of the Triton
+    parent the kernel would hand it to. ALiBi and chunked-local attention show only when the layer is built:
+    those stay counted declines to the parent."""
+    why = layer_decline(attn_type or "decoder", head_size, kv_cache_dtype or "auto", None, False, -1)
+    return why or ("head-size-on-family" if declined_head_size(head_size, family) is not None else None)
 
 
 def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool:

@@ -485,7 +485,7 @@ def make_platform_default(op_name: str) -> None:
                 if not reasons:
                     decline = policy.default_decline(getattr(attn_selector_config, "attn_type", None),
                                                      attn_selector_config.head_size,
-                                                     attn_selector_config.kv_cache_dtype)
+                                                     attn_selector_config.kv_cache_dtype, _family())
                     if decline is None:
                         return f"{InferaAttentionBackend.__module__}.{InferaAttentionBackend.__qualname__}"
                     reasons = [f"{decline}: the kernel would hand every call to TRITON_ATTN's implementation"]
