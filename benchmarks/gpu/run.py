@@ -173,12 +173,13 @@ def step_tests(r: Runner, a) -> None:
     if a.packages:
         dirs = [d for d in dirs if d.name in a.packages]
     meta = None
+    select = getattr(a, "select", None)  # the other steps that run a package's tests select none
     for d in dirs:
         left = max(10.0, deadline - time.monotonic())
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", "-m", "not cpu_build",
-               str(d.relative_to(ROOT) / "tests")]
+               *(["-k", select] if select else []), str(d.relative_to(ROOT) / "tests")]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        header = f"commit {r.env['INFERA_COMMIT']}  package {d.name}  {now}"
+        header = f"commit {r.env['INFERA_COMMIT']}  package {d.name}  {now}" + (f"  -k {select!r}" if select else "")
         thread = r.run(cmd, log=f"pytest_{d.name}.txt", timeout=left, tail=1, background=d.name == "infera-vllm",
                        header=header)
         meta = thread if d.name == "infera-vllm" else meta
@@ -432,6 +433,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = step("tests")
     s.add_argument("--packages", nargs="*", help="only these (infera-vllm is the meta package)")
+    s.add_argument("--select", help="pytest -k selection within each package, e.g. 'fa3 or platform_default'")
     s.add_argument("--budget-s", type=float, default=560, help="for all packages together")
     s = step("attn")
     switch(s, "tune", True, "tune first (else the packaged or an earlier tuning)")

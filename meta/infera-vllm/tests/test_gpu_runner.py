@@ -46,6 +46,12 @@ def test_dry_run_prints_the_steps_commands(step, capsys):
     assert expect in capsys.readouterr().out
 
 
+def test_tests_step_selects_within_a_package(capsys):
+    assert run.main(["--out", ".", "--dry-run", "tests", "--packages", "infera-attn-paged", "--select", "fa3"]) == 0
+    (cmd,) = [line for line in capsys.readouterr().out.splitlines() if "pytest" in line]
+    assert "-k fa3 packages/infera-attn-paged/tests" in cmd and "meta/infera-vllm" not in cmd
+
+
 def test_runner_logs_hides_fails_and_stops_at_the_limit(tmp_path, capsys):
     r = run.Runner(tmp_path, dry_run=False)
     r.env["INFERA_COMMIT"] = "abc"
