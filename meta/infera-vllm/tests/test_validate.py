@@ -981,7 +981,8 @@ def test_a_presets_plugin_off_run_is_a_reference_shown_not_judged(fake_engine, t
 def test_the_defaults_table_says_what_the_specs_ship():
     """docs/validate.md's table of each op's defaults names every installed op once, calls an op opt-in
     exactly when its spec is not on by default, and names each default switch it cites with the spec's
-    default (attn-paged's automatic-choice switch off, norm's per-head kernel off)."""
+    default (attn-paged's automatic-choice switch off but on for the families its policy lists, which the
+    row names; norm's per-head kernel off)."""
     from infera_vllm import discovery
 
     text = (ROOT / "docs" / "validate.md").read_text().split("## Each op's defaults")[1].split("\n## ")[0]
@@ -993,5 +994,10 @@ def test_the_defaults_table_says_what_the_specs_ship():
         (line,) = [line for line in text.splitlines() if line.startswith(f"| {name} | ")]
         assert ("opt-in" in line.split(" | ")[1]) == (not spec.default_on), name
     switches = {s.name: s for spec in specs.values() for s in spec.switches}
-    assert "`INFERA_ATTN_PAGED_DEFAULT` off" in text and switches["INFERA_ATTN_PAGED_DEFAULT"].default is False
+    from infera_ops.attn_paged import policy
+
+    (attn,) = [line.split(" | ") for line in text.splitlines() if line.startswith("| attn-paged | ")]
+    assert "`policy.AUTOMATIC_BY_DEFAULT`" in attn[1] and "`INFERA_ATTN_PAGED_DEFAULT=0`" in attn[1]
+    assert switches["INFERA_ATTN_PAGED_DEFAULT"].default is False
+    assert policy.AUTOMATIC_BY_DEFAULT and all(f in attn[2] for f in policy.AUTOMATIC_BY_DEFAULT), attn[2]
     assert "INFERA_NORM_PER_HEAD_KERNEL=1" in text and switches["INFERA_NORM_PER_HEAD_KERNEL"].default is False
