@@ -30,6 +30,8 @@ def test_layers_declined_with_reasons():
     for hs in (32, 112, 192, 512):
         assert layer(head_size=hs) == "head-size"
     assert layer(chunk_lookback=8192) == "chunked-local"
+    assert layer(head_size=256, family="gfx1100") == "head-size-on-family"  # the family's tuning file declines it
+    assert layer(head_size=256, family="sm90") is None and layer(head_size=256) is None
 
 
 def test_layers_left_to_vllm_where_the_backend_is_the_automatic_choice():

@@ -80,8 +80,10 @@ def platform_default(family: str | None) -> bool:
 
 
 def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slopes, use_alibi_sqrt: bool,
-                  chunk_lookback: int) -> str | None:
-    """None when the layer's attention can run on the kernel, else a reason code (decided once per layer)."""
+                  chunk_lookback: int, family: str | None = None) -> str | None:
+    """None when the layer's attention can run on the kernel, else a reason code (decided once per layer).
+    ``family`` (sm90, gfx1100, ...): also a head size that family's tuning file declines (every launch would
+    spill); None leaves that check out."""
     if str(getattr(attn_type, "value", attn_type)).lower() != "decoder":
         return "attn-type"  # encoder, encoder-only (non-causal) and cross attention
     if alibi_slopes is not None or use_alibi_sqrt:
@@ -92,6 +94,8 @@ def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slo
         return "head-size"
     if chunk_lookback != -1:
         return "chunked-local"
+    if family is not None and declined_head_size(head_size, family) is not None:
+        return "head-size-on-family"
     return None
 
 
@@ -101,8 +105,7 @@ def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None, famil
     be vLLM's automatic choice, such a layer keeps vLLM's own choice (FA3 on Hopper) instead of the Triton
     parent the kernel would hand it to. ALiBi and chunked-local attention show only when the layer is built:
     those stay counted declines to the parent."""
-    why = layer_decline(attn_type or "decoder", head_size, kv_cache_dtype or "auto", None, False, -1)
-    return why or ("head-size-on-family" if declined_head_size(head_size, family) is not None else None)
+    return layer_decline(attn_type or "decoder", head_size, kv_cache_dtype or "auto", None, False, -1, family)
 
 
 def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool:

@@ -259,9 +259,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         super().__init__(*args, **kwargs)
         self._infera_layer_decline = policy.layer_decline(
             self.attn_type, self.head_size, self.kv_cache_dtype, self.alibi_slopes,
-            getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1))
-        if self._infera_layer_decline is None and policy.declined_head_size(self.head_size, _family()) is not None:
-            self._infera_layer_decline = "head-size-on-family"  # the family's tuning file: every launch spills
+            getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1), _family())
         self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
         self._infera_softcap = float(self.logits_soft_cap or 0.0)
         route = policy.prefill_route()  # validated when the op activated
