@@ -263,6 +263,26 @@ def test_a_run_where_no_op_took_a_call_widens_the_spread():
     assert rows["norm"]["verdict"] == "slower" and rows["norm"]["note"] == "norm served no call on its kernel"
 
 
+def test_repeats_that_scatter_within_a_plugin_off_process_widen_the_spread():
+    """A round's figure is its fastest repeat; where one plugin-off process's repeats scatter (its fastest 20%
+    above the next), two processes that both caught a fast repeat agree by luck: the threshold takes that
+    margin, so a run 12% below off is neutral there, while a point whose repeats agree is judged as before."""
+    def at(decode_all, prefill_all):
+        return {"batches": {b: {"decode": max(decode_all), "decode_all": decode_all, "prefill": max(prefill_all),
+                                "prefill_all": prefill_all} for b in ("1", "16")}, "seconds": 1.0}
+
+    tight = [100.0, 99.9, 99.8]
+    runs = {"off": ([at(tight, [100.0, 80.0, 79.0, 2.0])], {}), "off2": ([at([101.0, 100.9], [101.0, 99.0, 98.0])], {}),
+            "op": ([at([90.0, 89.9], [88.0, 87.0])], {})}
+    j = validate.judge(_entry(runs, weights="dummy"))
+    assert j["noise"]["prefill"]["1"] == pytest.approx(0.2)  # off's 100 -> 80 without its fastest repeat
+    assert j["noise"]["decode"]["1"] == pytest.approx(1 / 100.5)  # its repeats agree: the spread between processes
+    assert j["rows"][0]["verdict"] == "slower"  # decode 0.896, beyond 2%; its prefill 0.88 alone would be neutral
+    assert validate._fastest_margin({"batches": {"1": {"prefill": 5.0}}}, 1, "prefill") == 0.0  # no repeats kept
+    runs["op"] = ([at([100.5, 100.4], [88.0, 87.0])], {})
+    assert validate.judge(_entry(runs, weights="dummy"))["rows"][0]["verdict"] == "neutral"
+
+
 def test_runs_that_took_the_same_routes_widen_the_spread():
     """The default set and moe-decode alone, the default set's only op that took calls here, routed every call
     alike (call counts differ with the repeats timed, plan counts do not): two processes doing the plugin's

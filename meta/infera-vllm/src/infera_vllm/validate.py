@@ -507,7 +507,8 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
     (:func:`_vllms_work`: no op took a call, or each declined while the graph was traced; plugin off's work in
     another process: a third sample of the noise between processes, which two plugin-off processes
     underestimate), widened to the spread within each group of runs whose ops took the same routes
-    (:func:`replicates`: the plugin's same work in separate processes); a point with one plugin-off round
+    (:func:`replicates`: the plugin's same work in separate processes) and to each plugin-off round's margin
+    of its fastest repeat over the next (:func:`_fastest_margin`); a point with one plugin-off round
     has no spread and is not judged (with none judged,
     the verdict is the agreement's, as on the CPU). ``faster``: some point
     above 1 + threshold and none below 1 - threshold; ``slower``: some point below; else ``neutral``. A run
@@ -533,7 +534,8 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
             samples = values + extra
             if values:
                 base[metric][str(b)] = harness.median(values)
-                noise[metric][str(b)] = ((max(samples) - min(samples)) / base[metric][str(b)]
+                noise[metric][str(b)] = (max((max(samples) - min(samples)) / base[metric][str(b)],
+                                             *(_fastest_margin(r, b, metric) for r in offs + idle))
                                          if len(samples) > 1 else None)
             for group in same_routes:  # the plugin's own work in two processes: its spread is noise too
                 got = [v for label in group for r in runs[label].get("rounds", []) if "batches" in r
@@ -629,6 +631,16 @@ def judge(entry: dict, min_effect: float = MIN_EFFECT, tolerance: float = AGREEM
                               if run.get("greedy_agreement")},
             "thresholds": {"min_effect": min_effect, "agreement_tolerance": tolerance,
                            "agreement_floor": floor, "attention_agreement_floor": attn_floor}}
+
+
+def _fastest_margin(round_: dict, batch, metric: str) -> float:
+    """How far a round's figure (its fastest repeat) would fall without that one repeat: (fastest - next
+    fastest) / fastest over the round's repeats (``<metric>_all``), 0 with fewer than two. Where repeats
+    within a process scatter (a compute-bound prefill of 4k-16k tokens on the H200 moved 78-2919 ms between
+    repeats of one process, in two levels 20% apart), the fastest of five is itself that uncertain, and two
+    plugin-off processes that both happened to catch a fast repeat would leave it out of the spread."""
+    repeats = sorted(round_["batches"].get(str(batch), {}).get(f"{metric}_all") or [], reverse=True)
+    return (repeats[0] - repeats[1]) / repeats[0] if len(repeats) > 1 and repeats[0] > 0 else 0.0
 
 
 def _ratios_to_off(rounds: list[dict], base: dict) -> dict:
