@@ -761,13 +761,28 @@ def test_startup_and_the_self_check_cost():
     assert validate.judge(_entry(_runs()))["self_check_startup_cost"] is None
 
 
+def test_off2_compiles_into_its_own_cache(tmp_path):
+    """Every plugin-on run compiles its own graph (the active ops are a vLLM compile factor), so off2 does too,
+    in an empty VLLM_CACHE_ROOT inside its run's directory; off uses vLLM's usual cache."""
+    configs = {c["label"]: c for c in validate.run_configs(["norm"], gpu=True, real=True, base_llm={})}
+    assert configs["off2"].get("own_compile_cache") and not any(
+        c.get("own_compile_cache") for label, c in configs.items() if label != "off2")
+    entry = {"options": {"tp": 1, "cpus": None, "batches": [1], "prompt_tokens": 8, "decode_tokens": 4, "repeats": 1,
+                         "max_repeats": None, "agreement_prompts": 1, "agreement_tokens": 16}}
+    m = {"path": "model", "weights": "real"}
+    _, env, _ = validate._run_config(m, entry, configs["off2"], 0, 100, str(tmp_path / "off2-r0"))
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "off2-r0" / validate.OWN_COMPILE_CACHE)
+    _, env, _ = validate._run_config(m, entry, configs["off"], 0, 100, str(tmp_path / "off-r0"))
+    assert env.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
+
+
 # ---- presets, prompt lengths per batch size, the runs option, rows ---------------------------------------------
 
 def test_presets_are_the_end_to_end_benchmarks():
     """Each preset is a matrix file of the plugin whose models are the matrix's configs (the context limit
     raised to the preset's longest prompt where needed; gpt-oss-20b with fewer experts in the attention
     preset) and whose options are validate's."""
-    assert validate.presets() == ["attn-paged-h200", "compile-noise-smollm2-h200", "linear-llama3-h200",
+    assert validate.presets() == ["attn-paged-h200", "linear-llama3-h200",
                                   "moe-decode-h200", "norm-qwen3-h200", "norm-smollm2-h200", "parallel-h200x2",
                                   "parallel-random-h200x2", "smollm2"]
     for name in validate.presets():

@@ -455,7 +455,12 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
     """The configurations of one model, in the order each round runs them: ``off`` first and ``off2`` last, so
     the off-vs-off spread spans the whole round (a GPU that drifts over a round, warming under
     compute-bound prefills, moves the runs between by as much as it moves off2; two plugin-off runs side by
-    side would leave that drift out of the noise and put it into whichever op ran late); ``runs``: only
+    side would leave that drift out of the noise and put it into whichever op ran late). ``off2`` compiles
+    into its own empty cache (``own_compile_cache``: ``VLLM_CACHE_ROOT`` in the run's directory), as every
+    plugin-on run compiles its own graph (the active ops are one of vLLM's compile factors): two compiles of
+    the same graph can differ (on the H200, SmolLM2-135M's greedy continuations from a plugin-off process
+    with its own cache matched attn-paged's to the token, 0.780 of off's, while a process loading off's
+    cache matched off's exactly), so the reference pair carries that variance too; ``runs``: only
     those labels (``off`` always: every ratio is against it). ``extra_runs`` (a preset's own runs, label -> {``op``,
     ``env``, ``llm``}): each is its op alone as validate runs it, with the given switches and vLLM arguments
     on top (e.g. one op's alternative setting beside its default), judged like the op's own run; one about
@@ -488,7 +493,8 @@ def run_configs(ops: list[str], *, gpu: bool, real: bool, base_llm: dict, self_c
             configs.append({"label": label, "plugin": True, "op": extra["op"],
                             "env": {"INFERA_VLLM_OPS": extra["op"], **ALONE_ENV.get(extra["op"], {}),
                                     **extra.get("env", {})}, "llm": dict(extra.get("llm", {}))})
-    configs.append({"label": "off2", "plugin": False, "env": off, "llm": {}})  # last: it brackets the round
+    # last: it brackets the round; compiled afresh into its own cache, as every plugin-on run is
+    configs.append({"label": "off2", "plugin": False, "env": off, "llm": {}, "own_compile_cache": True})
     if runs is not None:
         configs = [c for c in configs if c["label"] == "off" or c["label"] in runs]
     for c in configs:
@@ -1242,6 +1248,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 ahead = (i + 1, _start(*_run_config(nm, nentry, nc, nr, nvocab,
                                                     os.path.join(work, nm["name"], f"{nc['label']}-r{nr}"))))
             res = proc.wait(ahead[1] if ahead is not None else None)
+            shutil.rmtree(os.path.join(report_dir, OWN_COMPILE_CACHE), ignore_errors=True)
             longest = max(longest, res["seconds"])
             log = os.path.join(report_dir, "log.txt")
             if args.out and os.path.exists(log):  # the run's own log (vLLM's: compile, graph capture) beside --out
@@ -1274,11 +1281,16 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
     return failed
 
 
+OWN_COMPILE_CACHE = "vllm-cache"  # a run's own VLLM_CACHE_ROOT, in its directory (``own_compile_cache``)
+
+
 def _run_config(m: dict, entry: dict, c: dict, r: int, vocab: int, report_dir: str) -> tuple[dict, dict, str]:
     """A run's ``run-one`` configuration, environment (its switches, its coverage directory) and directory."""
     env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
     env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
     os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
+    if c.get("own_compile_cache"):  # removed when the run ends
+        env["VLLM_CACHE_ROOT"] = os.path.join(report_dir, OWN_COMPILE_CACHE)
     sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "max_repeats", "agreement_prompts",
              "agreement_tokens")
     cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
