@@ -1248,7 +1248,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 ahead = (i + 1, _start(*_run_config(nm, nentry, nc, nr, nvocab,
                                                     os.path.join(work, nm["name"], f"{nc['label']}-r{nr}"))))
             res = proc.wait(ahead[1] if ahead is not None else None)
-            shutil.rmtree(os.path.join(report_dir, OWN_COMPILE_CACHE), ignore_errors=True)
+            if c.get("own_compile_cache"):
+                shutil.rmtree(os.path.join(report_dir, OWN_COMPILE_CACHE), ignore_errors=True)
             longest = max(longest, res["seconds"])
             log = os.path.join(report_dir, "log.txt")
             if args.out and os.path.exists(log):  # the run's own log (vLLM's: compile, graph capture) beside --out
