@@ -10,9 +10,9 @@ batch 16 0.94x, where the decode kernel alone is 0.99x FA3 at those lengths. A 2
 those runs' CUDA-graph sizes (``max_num_seqs`` 64: graphs up to 128 tokens), so its forward ran eagerly and
 host time per layer counted; decode steps replay CUDA graphs, so there only GPU time counts (``--kernels``).
 The probe names where each difference is spent. It captures the graphs validate captures
-(``validate.graph_sizes``: a default vLLM's graph for each prefill of at most 512 tokens, so the 256-token
-prefill replays a piecewise graph and only attention runs eagerly between its pieces); ``--eager-prefill``
-captures vLLM's list for ``--max-num-seqs`` alone, as those runs did.
+(``validate.graph_sizes``: a default vLLM's graph for each decode step and each prefill of at most 512
+tokens, so the 256-token prefill replays a piecewise graph and only attention runs eagerly between its
+pieces); ``--eager-prefill`` captures vLLM's list for ``--max-num-seqs`` alone, as those runs did.
 
     python3 benchmarks/e2e_step_probe.py --model DIR --backends FLASH_ATTN,TRITON_ATTN,CUSTOM --out $OUT
 
@@ -68,8 +68,8 @@ def child(args) -> dict:
     backend = VARIANTS[args.variant][0]
     kwargs = dict(max_model_len=args.prompt + args.decode + 17, max_num_seqs=args.max_num_seqs,
                   enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization)
-    if not args.eager_prefill:  # the graphs validate captures: a default vLLM's for these prefills
-        sizes = graph_sizes(args.max_num_seqs, [b * args.prompt for b in args.batches])
+    if not args.eager_prefill:  # the graphs validate captures: a default vLLM's for these steps
+        sizes = graph_sizes([n for b in args.batches for n in (b, b * args.prompt)])
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     if backend is not None:
         kwargs["attention_config"] = {"backend": backend}

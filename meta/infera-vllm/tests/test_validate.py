@@ -768,12 +768,47 @@ def test_off2_compiles_into_its_own_cache(tmp_path):
     assert configs["off2"].get("own_compile_cache") and not any(
         c.get("own_compile_cache") for label, c in configs.items() if label != "off2")
     entry = {"options": {"tp": 1, "cpus": None, "batches": [1], "prompt_tokens": 8, "decode_tokens": 4, "repeats": 1,
-                         "max_repeats": None, "agreement_prompts": 1, "agreement_tokens": 16}}
+                         "max_repeats": None, "agreement_prompts": 1, "agreement_tokens": 16, "rounds": 2}}
     m = {"path": "model", "weights": "real"}
     _, env, _ = validate._run_config(m, entry, configs["off2"], 0, 100, str(tmp_path / "off2-r0"))
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "off2-r0" / validate.OWN_COMPILE_CACHE)
     _, env, _ = validate._run_config(m, entry, configs["off"], 0, 100, str(tmp_path / "off-r0"))
     assert env.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
+    assert env.get("VLLM_DISABLE_COMPILE_CACHE") == os.environ.get("VLLM_DISABLE_COMPILE_CACHE")  # round 2 loads
+
+
+def test_a_call_of_one_round_compiles_every_run_without_a_cache(fake_engine, tmp_path, monkeypatch):
+    """With one round no run loads a graph another saved: vLLM's compile cache is off (no save), its cache root
+    and Inductor's cache are the run's own, in its directory, removed when the run ends; the model's runs
+    share one Triton cache (compiled kernels, the same binary for the same source)."""
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    seen = {}
+    spawn = validate._spawn
+
+    def spawn_and_compile(cfg, env, work):
+        seen[os.path.basename(work)] = env
+        if "VLLM_CACHE_ROOT" in env:
+            os.makedirs(env["VLLM_CACHE_ROOT"], exist_ok=True)  # what a compile leaves there
+        return spawn(cfg, env, work)
+
+    monkeypatch.setattr(validate, "_spawn", spawn_and_compile)
+    assert validate.main([_model_dir(tmp_path), "--out", str(tmp_path / "v.json"), "--work", str(tmp_path / "w"),
+                          "--rounds", "1"]) == 0
+    assert sorted(seen) == ["default-r0", "norm-r0", "off-r0", "off2-r0"]
+    for name, env in seen.items():
+        own = tmp_path / "w" / "tiny" / name / validate.OWN_COMPILE_CACHE
+        assert env["VLLM_DISABLE_COMPILE_CACHE"] == "1"
+        assert (env["VLLM_CACHE_ROOT"], env["TORCHINDUCTOR_CACHE_DIR"]) == (str(own), str(own / "inductor"))
+        assert env["TRITON_CACHE_DIR"] == str(tmp_path / "w" / "tiny" / validate.SHARED_TRITON_CACHE)
+        assert not own.exists()
+    seen.clear()  # with two rounds vLLM's cache is on (a later round loads its graph) and only off2 has its own
+    (tmp_path / "x").mkdir()
+    assert validate.main([_model_dir(tmp_path / "x"), "--out", str(tmp_path / "v2.json"), "--work",
+                          str(tmp_path / "w2"), "--rounds", "2"]) == 0
+    for name, env in seen.items():
+        assert env.get("VLLM_DISABLE_COMPILE_CACHE") == os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
+        assert env.get("TRITON_CACHE_DIR") == os.environ.get("TRITON_CACHE_DIR")
+        assert (env.get("VLLM_CACHE_ROOT") != os.environ.get("VLLM_CACHE_ROOT")) == name.startswith("off2")
 
 
 # ---- presets, prompt lengths per batch size, the runs option, rows ---------------------------------------------
@@ -844,12 +879,18 @@ def test_a_preset_runs_its_configurations_with_a_prompt_length_per_batch(fake_en
 
 def test_gpu_runs_capture_the_graphs_a_default_vllm_replays_for_the_timed_steps():
     opts = {**validate.DEFAULTS, "batches": [1, 16, 64], "prompt_tokens": 256}
-    sizes = validate.graph_sizes(64, [256, 16 * 256, 64 * 256])
-    # vLLM's own list at max_num_seqs 64 (1, 2, 4, multiples of 8 to 128), and the 256-token batch-1 prefill,
-    # which a default vLLM (largest graph 512) replays; batch 16 x 256 = 4096 tokens runs eagerly there too
-    assert sizes == [1, 2, 4, *range(8, 129, 8), 256]
-    # a prefill that is not on vLLM's list gets the graph vLLM pads it to
-    assert validate.graph_sizes(2, [300, 600]) == [1, 2, 4, 304]
+    sizes = validate.graph_sizes(validate.timed_steps(opts, real=False))
+    # each batch's decode step, and the 256-token batch-1 prefill, which a default vLLM (largest graph 512)
+    # replays; batch 16 x 256 = 4096 tokens and 64 x 256 run eagerly there too
+    assert sizes == [1, 16, 64, 256]
+    # with real weights, the greedy continuations' decode steps (a batch of the agreement prompts)
+    real = {**opts, "agreement_prompts": 8, "agreement_tokens": 1500}
+    assert validate.graph_sizes(validate.timed_steps(real, real=True)) == [1, 8, 16, 64, 256]
+    short = {**real, "agreement_prompts": 3, "agreement_tokens": 100}  # 300- and 225-token prefills: graphs too
+    assert validate.timed_steps(short, real=True)[-3:] == [3, 300, 225]
+    assert validate.graph_sizes(validate.timed_steps(short, real=True)) == [1, 4, 16, 64, 232, 256, 304]
+    # a step that is not on vLLM's list gets the graph vLLM pads it to; one over 512 tokens none
+    assert validate.graph_sizes([3, 300, 600]) == [4, 304]
     assert validate.vllm_graph_sizes(512)[-3:] == [480, 496, 512] and len(validate.vllm_graph_sizes(512)) == 51
     gpu = validate.engine_kwargs(opts, {}, max_model_len=400, gpu=True)
     assert gpu["compilation_config"] == {"cudagraph_capture_sizes": sizes} and gpu["max_num_seqs"] == 64

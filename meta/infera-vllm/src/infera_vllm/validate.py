@@ -262,26 +262,37 @@ def vllm_graph_sizes(largest: int) -> list[int]:
     return [s for s in (1, 2, 4, *range(8, 256, 8), *range(256, VLLM_DEFAULT_GRAPH_MAX + 1, 16)) if s <= largest]
 
 
-def graph_sizes(max_num_seqs: int, prefill_tokens) -> list[int]:
-    """A run's capture list on a GPU: vLLM's default list for ``max_num_seqs`` (every decode step's graph up
-    to that batch), plus the graph vLLM's default list gives each of ``prefill_tokens`` (the timed prefills'
-    token counts) of at most 512. A run sizes ``max_num_seqs`` to its batches, so without the second part a
-    256-token batch-1 prefill would run eagerly (graphs up to 128 tokens at 64 sequences) where vLLM with its
-    default max_num_seqs replays a piecewise graph for it: that prefill would measure host time, which varies
-    by tens of percent between processes, instead of what a default vLLM runs."""
+def graph_sizes(step_tokens) -> list[int]:
+    """A run's capture list on a GPU: for each kind of step the run times, given by its token count (a decode
+    step of ``b`` sequences: ``b``; a prefill: its prompts' tokens), the graph a default vLLM replays for it:
+    the smallest size on vLLM's default list (largest 512) that holds it; a step over 512 tokens runs eagerly
+    there and here. Capturing only these leaves every timed step on the graph a default vLLM gives it (a
+    256-token batch-1 prefill on a piecewise graph, not eagerly: eager steps measure host time, which varies by
+    tens of percent between processes) and spares the engine the capture of vLLM's other sizes, which no
+    timed step replays: on Qwen3-30B-A3B (H200, vLLM 0.26) capturing 31 graphs at 20 sizes took 12-20 s a
+    run, most of it the piecewise graphs of 1-40 tokens at 1.2-1.5 s each."""
     default = vllm_graph_sizes(VLLM_DEFAULT_GRAPH_MAX)
-    sizes = set(vllm_graph_sizes(2 * max_num_seqs))
-    sizes.update(next(s for s in default if s >= tokens) for tokens in prefill_tokens
-                 if tokens <= VLLM_DEFAULT_GRAPH_MAX)
-    return sorted(sizes)
+    return sorted({next(s for s in default if s >= tokens) for tokens in step_tokens
+                   if 0 < tokens <= VLLM_DEFAULT_GRAPH_MAX})
 
 
-def engine_kwargs(opts: dict, model_kwargs: dict, *, max_model_len: int, gpu: bool) -> dict:
+def timed_steps(opts: dict, *, real: bool) -> list[int]:
+    """The token counts of the steps a run takes (:func:`measure`): each batch's prefill and decode steps and,
+    on real weights, the agreement prompts' prefill and their greedy continuations' prefill and decode."""
+    steps = [n for b in opts["batches"] for n in (b, b * prompt_len(opts, b))]
+    if real and opts.get("agreement_prompts"):
+        prompts, tokens = opts["agreement_prompts"], opts["agreement_tokens"]
+        steps += [prompts, prompts * tokens, prompts * (tokens - greedy_tokens(tokens))]
+    return steps
+
+
+def engine_kwargs(opts: dict, model_kwargs: dict, *, max_model_len: int, gpu: bool, real: bool = False) -> dict:
     """Every run's ``vllm.LLM`` arguments: bf16, ``max_num_seqs`` the largest batch, prefix caching off; on a
-    GPU compiled with CUDA graphs at :func:`graph_sizes`, on the CPU eager. ``--llm-kwargs`` and the model's
-    own arguments (a matrix entry's ``llm_kwargs``) replace any of these, a ``compilation_config`` whole."""
+    GPU compiled with CUDA graphs at :func:`graph_sizes` of the run's steps (``real``: with the agreement's),
+    on the CPU eager. ``--llm-kwargs`` and the model's own arguments (a matrix entry's ``llm_kwargs``)
+    replace any of these, a ``compilation_config`` whole."""
     seqs = max(opts["batches"])
-    graphs = {"cudagraph_capture_sizes": graph_sizes(seqs, [b * prompt_len(opts, b) for b in opts["batches"]])}
+    graphs = {"cudagraph_capture_sizes": graph_sizes(timed_steps(opts, real=real))}
     return {"dtype": "bfloat16", "max_model_len": max_model_len, "max_num_seqs": seqs, "enable_prefix_caching": False,
             **({"gpu_memory_utilization": 0.85, "compilation_config": graphs} if gpu else
                {"enforce_eager": True, "gpu_memory_utilization": 0.2}),
@@ -1186,7 +1197,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
         longest = max(prompt_len(opts, b) for b in opts["batches"])
         need = max(opts["agreement_tokens"] if m["weights"] != "dummy" else 0, longest + opts["decode_tokens"] + 1)
-        base_llm = engine_kwargs(opts, m["llm_kwargs"], max_model_len=need + 16, gpu=gpu)
+        base_llm = engine_kwargs(opts, m["llm_kwargs"], max_model_len=need + 16, gpu=gpu,
+                                 real=m["weights"] != "dummy")
         keep = ("gpu_family", "gpu_detail", "vllm", "torch", "triton", "cuda_runtime", "driver")
         entry = old or {**fresh, "environment": {k: env_info.get(k) for k in keep},
                         "throughput_meaningful": gpu and os.environ.get("TRITON_INTERPRET") != "1",
@@ -1248,7 +1260,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 ahead = (i + 1, _start(*_run_config(nm, nentry, nc, nr, nvocab,
                                                     os.path.join(work, nm["name"], f"{nc['label']}-r{nr}"))))
             res = proc.wait(ahead[1] if ahead is not None else None)
-            if c.get("own_compile_cache"):
+            if _own_compile_cache(entry, c):
                 shutil.rmtree(os.path.join(report_dir, OWN_COMPILE_CACHE), ignore_errors=True)
             longest = max(longest, res["seconds"])
             log = os.path.join(report_dir, "log.txt")
@@ -1282,16 +1294,36 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
     return failed
 
 
-OWN_COMPILE_CACHE = "vllm-cache"  # a run's own VLLM_CACHE_ROOT, in its directory (``own_compile_cache``)
+OWN_COMPILE_CACHE = "vllm-cache"  # a run's own compile caches, in its directory, removed after the run
+SHARED_TRITON_CACHE = "triton-cache"  # one model's runs' compiled Triton kernels, beside their directories
+
+
+def _own_compile_cache(entry: dict, c: dict) -> bool:
+    """The run compiles into caches of its own, removed after it: ``off2`` (``own_compile_cache``), and every
+    run of a call of one round (:func:`_run_config`)."""
+    return bool(c.get("own_compile_cache")) or entry["options"]["rounds"] == 1
 
 
 def _run_config(m: dict, entry: dict, c: dict, r: int, vocab: int, report_dir: str) -> tuple[dict, dict, str]:
-    """A run's ``run-one`` configuration, environment (its switches, its coverage directory) and directory."""
+    """A run's ``run-one`` configuration, environment (its switches, its coverage directory, its compile
+    caches) and directory.
+
+    With one round nothing in the call loads a graph another run saved, so every run compiles without
+    vLLM's compile cache (``VLLM_DISABLE_COMPILE_CACHE``: no save after the compile, which took 6-11 s a run on
+    Qwen3-30B-A3B) in a ``VLLM_CACHE_ROOT`` and an Inductor cache of its own: no run loads a graph or
+    generated code another compiled. Compiled Triton kernels are shared by the model's runs
+    (``TRITON_CACHE_DIR``, which vLLM points into its compile cache only when that is on): a kernel's binary
+    is a function of its source and options, so a run that finds one compiles the same code faster (vLLM's
+    MoE kernel compiles for each token count's configuration took about 1.3 s each on Qwen3-30B-A3B)."""
     env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
     env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
     os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
-    if c.get("own_compile_cache"):  # removed when the run ends
-        env["VLLM_CACHE_ROOT"] = os.path.join(report_dir, OWN_COMPILE_CACHE)
+    own = os.path.join(report_dir, OWN_COMPILE_CACHE)
+    if _own_compile_cache(entry, c):  # removed when the run ends
+        env.update(VLLM_CACHE_ROOT=own, TORCHINDUCTOR_CACHE_DIR=os.path.join(own, "inductor"))
+    if entry["options"]["rounds"] == 1:
+        env.update(VLLM_DISABLE_COMPILE_CACHE="1",
+                   TRITON_CACHE_DIR=os.path.join(os.path.dirname(report_dir), SHARED_TRITON_CACHE))
     sizes = ("batches", "prompt_tokens", "decode_tokens", "repeats", "max_repeats", "agreement_prompts",
              "agreement_tokens")
     cfg = {"model": m["path"], "weights": m["weights"], "tp": entry["options"]["tp"], "llm_kwargs": c["llm"],
