@@ -89,6 +89,29 @@ def test_engine_seconds_span_every_prefill_step_and_the_median_decode():
     assert validate.engine_seconds([_Out(10.0, 10.02, 10.02)]) == (pytest.approx(0.02), None, 1)  # one token
 
 
+def test_kernel_compiles_logged_during_a_batchs_timed_repeats_are_counted_for_it():
+    """vLLM's JIT monitor lines (its log format: local time to the second, no year) inside a batch's timed
+    window, a second of slack either side, count for that batch; those before (warm-up) or between do not."""
+    begin = time.mktime((2026, 12, 4, 20, 1, 10, 0, 0, -1))
+
+    def line(offset, kernel, level="WARNING"):
+        stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(begin + offset))
+        return (f"(EngineCore pid=7) {level} {stamp} [jit_monitor.py:135] Triton kernel JIT compilation during "
+                f"inference: {kernel}. This causes a latency spike; consider extending warmup to cover this "
+                "shape/config.")
+
+    log = "\n".join([line(-5, "_compute_slot_mapping_kernel"), line(0, "fused_moe_kernel"),
+                     "INFO 12-04 20:01:12 [loggers.py:310] Engine 000: Avg prompt throughput: 3583.0 tokens/s",
+                     line(3, "fused_moe_kernel (constants: BLOCK_SIZE_M=16)"), line(4, "triton_poi_fused_0"),
+                     line(20, "fused_moe_kernel"), line(41, "fused_moe_kernel")])
+    result = {"measured_at": begin - 30, "batches": {"1": {"timed_at": [begin - 20, begin - 8]},
+                                                     "16": {"timed_at": [begin + 0.5, begin + 6.0]},
+                                                     "64": {"timed_at": [begin + 30.0, begin + 40.2]}}}
+    assert validate.jit_in_timing(log, result) == {"16": {"fused_moe_kernel": 2, "triton_poi_fused_0": 1},
+                                                  "64": {"fused_moe_kernel": 1}}
+    assert validate.jit_in_timing(log, {"batches": {"1": {}}}) == {}  # no windows recorded: nothing to say
+
+
 class _Clock:
     """A fake engine whose generations take the given seconds, in order, on a fake clock; with ``engine``
     its outputs carry engine timestamps: the prefill at 0.4 of a generation's time when it is one token,
@@ -124,8 +147,11 @@ def test_generations_are_repeated_until_two_agree(monkeypatch, max_repeats, seco
     the outputs carry them, which here scale with the wall times), so the fastest is not a stalled one."""
     clock = _Clock(seconds, engine)
     monkeypatch.setattr(validate.time, "perf_counter", lambda: clock.now)
+    monkeypatch.setattr(validate.time, "time", lambda: clock.now)
     got = validate.time_generations(clock, [], "prefill", "full", 2, max_repeats)
     assert (got.pre_wall, got.full_wall) == (pytest.approx(pre), pytest.approx(full))
+    assert got.timed_at == pytest.approx([18.0, 18.0 + sum(pre) + sum(full)])  # after the warm-ups, to the end
+    assert validate.timed_throughput(1, 10, 10, got)["timed_at"] == got.timed_at
     assert len(seconds) - len(clock.seconds) == calls
     if engine:
         assert got.pre_engine == pytest.approx([0.4 * p for p in pre]) and got.pre_steps == [1] * len(pre)
@@ -702,6 +728,7 @@ def test_real_run_on_the_cpu_engine(tmp_path):
             assert b["timing"] == "engine" and b["decode"] > 0 and b["decode_wall"] > 0
             assert 0 < min(b["prefill_engine_s_all"]) < min(b["prefill_s_all"])
             assert set(b["prefill_steps_all"]) == {1}  # the engine in this process: every request added first
+            assert r["measured_at"] < b["timed_at"][0] < b["timed_at"][1]  # the timed repeats' window
         if label.startswith("off"):
             assert run["coverage"] is None  # the plugin off writes no report
     assert not any("measured_by" in run for run in entry["runs"].values())  # norm took no call in the default set
@@ -714,6 +741,8 @@ def test_real_run_on_the_cpu_engine(tmp_path):
         assert r["import_s"] > 0 and r["startup_s"] > 0 and r["measure_s"] > 0 and r["exit_s"] >= 0
     assert sorted(os.listdir(tmp_path / "validation-logs")) == [f"tiny-llama-{x}-r0.log" for x in
                                                                  ("default", "norm", "off", "off2")]
+    # every kernel compile after the warm-up logged, not only each kernel's first (jit_in_timing reads them)
+    assert "jit_monitor_verbose=True" in (tmp_path / "validation-logs" / "tiny-llama-off-r0.log").read_text()
     norm = entry["runs"]["norm"]["coverage"]["norm"]
     assert norm["active"] and sum(norm["counts"]["call"].values()) > 0
     assert norm["share"]["call"].get("kernel", 0) > 0.5, norm  # eager calls served under the interpreter
@@ -775,6 +804,35 @@ def test_off2_compiles_into_its_own_cache(tmp_path):
     _, env, _ = validate._run_config(m, entry, configs["off"], 0, 100, str(tmp_path / "off-r0"))
     assert env.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
     assert env.get("VLLM_DISABLE_COMPILE_CACHE") == os.environ.get("VLLM_DISABLE_COMPILE_CACHE")  # round 2 loads
+
+
+def test_a_kernel_compile_in_a_runs_timed_repeats_is_kept_and_printed(fake_engine, tmp_path, monkeypatch, capsys):
+    """The run's log (vLLM's, in its directory) is read after the run: a JIT monitor line inside a batch's
+    timed window goes into that round's ``jit_in_timing`` and onto the table."""
+    monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    spawn = validate._spawn
+
+    def spawn_with_a_compile(cfg, env, work):
+        res = spawn(cfg, env, work)
+        if env.get("INFERA_VLLM_OPS") == "norm":
+            now = time.time()
+            res["measured_at"] = now
+            res["batches"]["16"]["timed_at"] = [now - 2, now + 2]
+            stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(now))
+            Path(work, "log.txt").write_text(f"WARNING {stamp} [jit_monitor.py:135] Triton kernel JIT compilation "
+                                             "during inference: fused_moe_kernel. This causes a latency spike\n")
+        return res
+
+    monkeypatch.setattr(validate, "_spawn", spawn_with_a_compile)
+    out = tmp_path / "v.json"
+    assert validate.main([_model_dir(tmp_path), "--out", str(out), "--work", str(tmp_path / "w"),
+                          "--rounds", "1"]) == 0
+    (entry,) = json.loads(out.read_text())["models"]
+    assert entry["runs"]["norm"]["rounds"][0]["jit_in_timing"] == {"16": {"fused_moe_kernel": 1}}
+    assert not any("jit_in_timing" in r for label, run in entry["runs"].items() if label != "norm"
+                   for r in run["rounds"])
+    assert ("kernel compiles during timed repeats (vLLM's JIT monitor; each stalls its repeat): "
+            "norm r0 batch 16: fused_moe_kernel x1") in capsys.readouterr().out
 
 
 def test_a_call_of_one_round_compiles_every_run_without_a_cache(fake_engine, tmp_path, monkeypatch):

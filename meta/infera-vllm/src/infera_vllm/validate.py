@@ -23,6 +23,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -75,6 +76,10 @@ def measure(cfg: dict) -> dict:
             raise SystemExit("validate: the parent ended before this run's turn")
 
     kwargs = {"disable_log_stats": False, **cfg["llm_kwargs"]}  # the engine's per-request timestamps (timed_throughput)
+    from vllm.engine.arg_utils import EngineArgs
+
+    if "jit_monitor_verbose" in getattr(EngineArgs, "__dataclass_fields__", {}):
+        kwargs.setdefault("jit_monitor_verbose", True)  # every kernel compile after warm-up logged (jit_in_timing)
     weights = cfg.get("weights", "real")
     if weights == "dummy":
         kwargs.update(load_format="dummy", skip_tokenizer_init=True)
@@ -147,13 +152,15 @@ class Timings(NamedTuple):
     ``full_wall``: with the decode tokens) and, by the engine core's own per-request timestamps
     (:func:`engine_seconds`), each prefill-only generation's prefill (``pre_engine``) and the engine steps
     its prompts started in (``pre_steps``), and each full generation's decode (``decode_engine``); None
-    where the outputs carried no timestamps."""
+    where the outputs carried no timestamps. ``timed_at``: the epoch seconds the timed repeats began and
+    ended (after the warm-ups)."""
 
     pre_wall: list[float]
     full_wall: list[float]
     pre_engine: list[float | None]
     decode_engine: list[float | None]
     pre_steps: list[int | None]
+    timed_at: list[float] | None = None
 
 
 def engine_seconds(outputs) -> tuple[float | None, float | None, int | None]:
@@ -187,7 +194,7 @@ def time_generations(llm, prompts: list, prefill, full, repeats: int, max_repeat
     prefill times are the pairs', the rest only sharpen the prefill's fastest."""
     llm.generate(prompts, prefill, use_tqdm=False)
     llm.generate(prompts, full, use_tqdm=False)
-    t = Timings([], [], [], [], [])
+    t = Timings([], [], [], [], [], [time.time()])
 
     def settled() -> bool:
         kinds = ((t.pre_engine, t.decode_engine) if None not in t.pre_engine + t.decode_engine
@@ -210,7 +217,31 @@ def time_generations(llm, prompts: list, prefill, full, repeats: int, max_repeat
         t.decode_engine.append(engine_seconds(outputs)[1])
     while sum(t.pre_wall) < PREFILL_WINDOW_S and len(t.pre_wall) < PREFILL_MAX_REPEATS:
         timed_prefill()
+    t.timed_at.append(time.time())
     return t
+
+
+# vLLM's kernel-JIT monitor (vllm.utils.jit_monitor, active after the engine's warm-up), in vLLM's log format
+_JIT_LINE = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[jit_monitor\.py:\d+\] (?:\S+ )+during inference: ([\w.]*\w)")
+
+
+def jit_in_timing(log: str, result: dict) -> dict:
+    """Kernel compiles vLLM's JIT monitor logged during a batch's timed repeats (``timed_at``, from the run's
+    log): batch -> kernel -> count. A compile there stalls the generation it falls in (by about a second on
+    the H200: vLLM's MoE kernel for one token count's configuration), so that repeat measures the compile.
+    vLLM's log stamps whole seconds in local time without the year (the run's ``measured_at`` gives it), so
+    a compile within a second of a batch's window counts for it."""
+    windows = {b: v["timed_at"] for b, v in result.get("batches", {}).items() if len(v.get("timed_at") or []) == 2}
+    if not windows:
+        return {}
+    year = time.localtime(result.get("measured_at") or time.time()).tm_year
+    found: dict = {}
+    for stamp, kernel in _JIT_LINE.findall(log):
+        at = time.mktime(time.strptime(f"{year}-{stamp}", "%Y-%m-%d %H:%M:%S"))
+        for b, (begin, end) in windows.items():
+            if begin - 1 <= at <= end + 1:
+                found.setdefault(b, {})[kernel] = found.get(b, {}).get(kernel, 0) + 1
+    return found
 
 
 def timed_throughput(batch: int, plen: int, dlen: int, t: Timings) -> dict:
@@ -234,7 +265,7 @@ def timed_throughput(batch: int, plen: int, dlen: int, t: Timings) -> dict:
            "prefill_wall": wall["prefill"],
            "decode_all": [batch * dlen / (f - p) for p, f in zip(t.pre_wall, t.full_wall) if f > p],
            "prefill_all": [batch * plen / s for s in t.pre_wall], "prefill_s_all": t.pre_wall,
-           "full_s_all": t.full_wall}
+           "full_s_all": t.full_wall, **({"timed_at": t.timed_at} if t.timed_at else {})}
     if engine:
         out.update(decode=batch * dlen / min(t.decode_engine), prefill=batch * plen / min(t.pre_engine),
                    decode_all=[batch * dlen / s for s in t.decode_engine],
@@ -844,6 +875,12 @@ def render(doc: dict) -> str:
         started = [f"{row['run']} {row['startup']:.3f}" for row in j["rows"] if row["startup"]]
         if started:
             out.append(f"  startup (engine construction) x off ({j['startup_off_s']:.1f} s): " + ", ".join(started))
+        jit = [f"{label} r{i} batch {b}: " + ", ".join(f"{k} x{n}" for k, n in kernels.items())
+               for label, run in entry["runs"].items() for i, r in enumerate(run.get("rounds", []))
+               for b, kernels in (r.get("jit_in_timing") or {}).items()]
+        if jit:
+            out.append("  kernel compiles during timed repeats (vLLM's JIT monitor; each stalls its repeat): "
+                       + "; ".join(jit))
         if j["self_check_startup_cost"] is not None:
             out.append(f"  self-check startup cost: {j['self_check_startup_cost']:+.1%} (every-op vs every-op-nocheck)")
         t = j["thresholds"]
@@ -1264,6 +1301,10 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 shutil.rmtree(os.path.join(report_dir, OWN_COMPILE_CACHE), ignore_errors=True)
             longest = max(longest, res["seconds"])
             log = os.path.join(report_dir, "log.txt")
+            if "batches" in res and os.path.exists(log):
+                with open(log, errors="replace") as f:
+                    if jit := jit_in_timing(f.read(), res):
+                        res["jit_in_timing"] = jit
             if args.out and os.path.exists(log):  # the run's own log (vLLM's: compile, graph capture) beside --out
                 logs = os.path.splitext(args.out)[0] + "-logs"
                 os.makedirs(logs, exist_ok=True)
