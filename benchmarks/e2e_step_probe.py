@@ -63,7 +63,7 @@ def child(args) -> dict:
 
     from vllm import LLM, SamplingParams
 
-    from infera_vllm.validate import graph_sizes, time_generations
+    from infera_vllm.validate import WholeBatches, graph_sizes, time_generations
 
     backend = VARIANTS[args.variant][0]
     kwargs = dict(max_model_len=args.prompt + args.decode + 17, max_num_seqs=args.max_num_seqs,
@@ -82,14 +82,16 @@ def child(args) -> dict:
     rng = random.Random(0)
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     full = SamplingParams(max_tokens=1 + args.decode, temperature=0.0, ignore_eos=True, detokenize=False)
-    out = {"variant": args.variant, "backend": backend, "startup_s": startup, "batches": {}}
+    batches = WholeBatches.of(llm)  # each batch's requests reach the scheduler together, as validate adds them
+    out = {"variant": args.variant, "backend": backend, "startup_s": startup, "batches": {},
+           "whole_batches": batches is not llm}
     for batch in args.batches:
         prompts = [{"prompt_token_ids": [rng.randrange(1, vocab) for _ in range(args.prompt)]} for _ in range(batch)]
-        timed = time_generations(llm, prompts, prefill, full, args.repeats)
+        timed = time_generations(batches, prompts, prefill, full, args.repeats)  # as validate times them
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.profiled):
-            llm.generate(prompts, prefill, use_tqdm=False)
+            batches.generate(prompts, prefill, use_tqdm=False)
         prof.disable()
         stats = pstats.Stats(prof)
         rows = sorted(((fn, st[2], st[3], st[1]) for fn, st in stats.stats.items()), key=lambda r: -r[1])

@@ -729,6 +729,7 @@ def test_real_run_on_the_cpu_engine(tmp_path):
             assert 0 < min(b["prefill_engine_s_all"]) < min(b["prefill_s_all"])
             assert set(b["prefill_steps_all"]) == {1}  # the engine in this process: every request added first
             assert r["measured_at"] < b["timed_at"][0] < b["timed_at"][1]  # the timed repeats' window
+        assert r["whole_batches"] is True  # the engine core's scheduler paused while each batch is added
         if label.startswith("off"):
             assert run["coverage"] is None  # the plugin off writes no report
     assert not any("measured_by" in run for run in entry["runs"].values())  # norm took no call in the default set
@@ -758,6 +759,83 @@ def test_real_run_on_the_cpu_engine(tmp_path):
     again = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0 and "already measured at test-commit" in again.stderr
     assert time.perf_counter() - start < 60  # no engine started
+
+
+def test_whole_batches_pause_the_scheduler_around_the_adds_or_stand_aside():
+    """The order on the engine core: pause (keep), the requests added, resume, then the outputs collected;
+    a vLLM whose LLM or engine core lacks a piece gets plain generate (the LLM itself)."""
+    calls = []
+
+    class Client:
+        def call_utility(self, method, *args):
+            calls.append((method, *args))
+
+    class Llm:
+        llm_engine = types.SimpleNamespace(engine_core=Client())
+
+        def enqueue(self, prompts, params, use_tqdm=True):
+            calls.append(("enqueue", len(prompts), params, use_tqdm))
+
+        def wait_for_completion(self, use_tqdm=True):
+            calls.append(("wait", use_tqdm))
+            return ["out"]
+
+    llm = Llm()
+    batches = validate.WholeBatches.of(llm)
+    assert batches is not llm and calls == [("pause_scheduler", "keep", False), ("resume_scheduler",)]  # probe
+    calls.clear()
+    assert batches.generate([1, 2, 3], "params") == ["out"]
+    assert calls == [("pause_scheduler", "keep", False), ("enqueue", 3, "params", False), ("resume_scheduler",),
+                     ("wait", False)]
+
+    class Refusing(Client):
+        def call_utility(self, method, *args):
+            raise RuntimeError(f"unknown utility {method}")
+
+    refusing = Llm()
+    refusing.llm_engine = types.SimpleNamespace(engine_core=Refusing())
+    assert validate.WholeBatches.of(refusing) is refusing
+    plain = types.SimpleNamespace(generate=lambda *a, **k: None, llm_engine=types.SimpleNamespace(engine_core=Client()))
+    assert validate.WholeBatches.of(plain) is plain
+
+
+_WHOLE_BATCH_SCRIPT = """
+import json, random, sys
+from vllm import LLM, SamplingParams
+from infera_vllm import validate
+
+if __name__ == "__main__":
+    llm = LLM(model=sys.argv[1], max_model_len=256, max_num_seqs=16, enforce_eager=True, disable_log_stats=False,
+              dtype="bfloat16", gpu_memory_utilization=0.2)
+    batches = validate.WholeBatches.of(llm)
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(1, 1000) for _ in range(64)]} for _ in range(16)]
+    runs = []
+    for max_tokens in (1, 1, 1, 5):
+        outs = batches.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                                        detokenize=False))
+        runs.append({"steps": validate.engine_seconds(outs)[2], "tokens": sorted({len(o.outputs[0].token_ids)
+                                                                                  for o in outs}), "n": len(outs)})
+    print("RESULT", json.dumps({"whole": batches is not llm, "runs": runs}))
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.cpu_build
+def test_a_batchs_requests_reach_vllms_engine_process_together(tmp_path):
+    """With the engine core in its own process (as validate runs it), LLM.generate sends a batch's requests
+    one by one and the engine may schedule the first before the rest arrive; WholeBatches pauses the engine
+    core's scheduler while they are added, so every prefill of the batch starts in one step."""
+    model = _tiny_llama(tmp_path / "tiny-llama")
+    script = tmp_path / "whole.py"
+    script.write_text(_WHOLE_BATCH_SCRIPT)
+    env = {**os.environ, "INFERA_VLLM_OPS_DISABLE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    proc = subprocess.run([sys.executable, str(script), model], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    got = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert got["whole"] is True
+    assert got["runs"] == [{"steps": 1, "tokens": [1], "n": 16}] * 3 + [{"steps": 1, "tokens": [5], "n": 16}]
 
 
 def test_startup_and_the_self_check_cost():

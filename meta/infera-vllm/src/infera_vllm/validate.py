@@ -118,11 +118,13 @@ def measure(cfg: dict) -> dict:
     dlen = cfg["decode_tokens"]
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     full = SamplingParams(max_tokens=1 + dlen, temperature=0.0, ignore_eos=True, detokenize=False)
+    batches = WholeBatches.of(llm)
+    out["whole_batches"] = batches is not llm
     for batch in cfg["batches"]:
         plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
                    for _ in range(batch)]
-        timed = time_generations(llm, prompts, prefill, full, cfg["repeats"], cfg.get("max_repeats"))
+        timed = time_generations(batches, prompts, prefill, full, cfg["repeats"], cfg.get("max_repeats"))
         out["batches"][str(batch)] = timed_throughput(batch, plen, dlen, timed)
     out["measure_s"] = time.perf_counter() - start  # agreement and timed generations
     return out
@@ -145,6 +147,49 @@ def greedy_agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
         matched.append(n)
     total = sum(len(a) for a in ref)
     return {"tokens": total, "matched": matched, "share": sum(matched) / total if total else 1.0}
+
+
+class WholeBatches:
+    """Generations whose requests all reach vLLM's scheduler before it schedules any: the engine core's
+    scheduler paused (``pause_scheduler`` in ``keep`` mode: requests queue, no step runs), the requests
+    added (``LLM.enqueue``), the scheduler resumed, the outputs collected (``LLM.wait_for_completion``).
+    ``LLM.generate`` sends a batch's requests to the engine process one by one, and the engine schedules
+    whichever have arrived, so a batch's prefill spreads over steps whose sizes vary from repeat to repeat
+    (on the H200, Qwen3-30B-A3B's batch-64 prefills all ran in two steps and took 236 or 290-319 ms, in
+    every process). With the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) the same calls go
+    to its engine core directly."""
+
+    def __init__(self, llm, core):
+        self.llm, self.core = llm, core
+
+    @classmethod
+    def of(cls, llm):
+        """``llm``'s whole-batch generations, or ``llm`` itself where its vLLM lacks a piece (then requests
+        arrive as ``generate`` sends them; ``whole_batches`` false in the result)."""
+        client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        core = client if hasattr(client, "call_utility") else getattr(client, "engine_core", None)
+        if not (hasattr(llm, "enqueue") and hasattr(llm, "wait_for_completion") and core is not None
+                and (hasattr(core, "call_utility") or hasattr(core, "pause_scheduler"))):
+            return llm
+        whole = cls(llm, core)
+        try:  # idle between generations, so the pause completes at once
+            whole._call("pause_scheduler", "keep", False)
+        except Exception:  # a vLLM whose engine core has no such pause
+            return llm
+        whole._call("resume_scheduler")
+        return whole
+
+    def _call(self, method: str, *args):
+        return (self.core.call_utility(method, *args) if hasattr(self.core, "call_utility")
+                else getattr(self.core, method)(*args))
+
+    def generate(self, prompts, params, use_tqdm: bool = False):
+        self._call("pause_scheduler", "keep", False)
+        try:
+            self.llm.enqueue(prompts, params, use_tqdm=False)
+        finally:
+            self._call("resume_scheduler")
+        return self.llm.wait_for_completion(use_tqdm=False)
 
 
 class Timings(NamedTuple):
@@ -170,9 +215,9 @@ def engine_seconds(outputs) -> tuple[float | None, float | None, int | None]:
     the median over requests of first token to last token (the decode steps: ``max_tokens - 1`` of them);
     steps, how many engine steps the prompts started in. Neither time counts the front end's work around
     the engine (adding the requests, returning the outputs), which is the same with the plugin on or off
-    and varied by tens of milliseconds between repeats on the H200. The requests reach a separate engine
-    process one by one, so the first can be scheduled alone and a batch's prefill then takes a step or two
-    more than one, which lengthens that repeat. (None, None, None) when some
+    and varied by tens of milliseconds between repeats on the H200. Requests that reach the engine process
+    one by one (``LLM.generate``; :class:`WholeBatches` adds them together) can start in several steps, which
+    lengthens that repeat. (None, None, None) when some
     request carries no timestamps (stats off, or a vLLM without them)."""
     stats = [getattr(o, "metrics", None) for o in outputs or ()]
     if not stats or any(getattr(m, "first_token_ts", 0.0) <= 0.0 or getattr(m, "scheduled_ts", 0.0) <= 0.0
