@@ -868,9 +868,11 @@ def test_startup_and_the_self_check_cost():
     assert validate.judge(_entry(_runs()))["self_check_startup_cost"] is None
 
 
-def test_off2_compiles_into_its_own_cache(tmp_path):
+def test_off2_compiles_into_its_own_cache(tmp_path, monkeypatch):
     """Every plugin-on run compiles its own graph (the active ops are a vLLM compile factor), so off2 does too,
-    in an empty VLLM_CACHE_ROOT inside its run's directory; off uses vLLM's usual cache."""
+    in an empty VLLM_CACHE_ROOT inside its run's directory, whose modelinfos is vLLM's usual one (linked);
+    off uses vLLM's usual cache."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-root"))
     configs = {c["label"]: c for c in validate.run_configs(["norm"], gpu=True, real=True, base_llm={})}
     assert configs["off2"].get("own_compile_cache") and not any(
         c.get("own_compile_cache") for label, c in configs.items() if label != "off2")
@@ -879,6 +881,8 @@ def test_off2_compiles_into_its_own_cache(tmp_path):
     m = {"path": "model", "weights": "real"}
     _, env, _ = validate._run_config(m, entry, configs["off2"], 0, 100, str(tmp_path / "off2-r0"))
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "off2-r0" / validate.OWN_COMPILE_CACHE)
+    assert os.path.realpath(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos")) == str(
+        tmp_path / "vllm-root" / "modelinfos")
     _, env, _ = validate._run_config(m, entry, configs["off"], 0, 100, str(tmp_path / "off-r0"))
     assert env.get("VLLM_CACHE_ROOT") == os.environ.get("VLLM_CACHE_ROOT")
     assert env.get("VLLM_DISABLE_COMPILE_CACHE") == os.environ.get("VLLM_DISABLE_COMPILE_CACHE")  # round 2 loads
@@ -918,13 +922,16 @@ def test_a_call_of_one_round_compiles_every_run_without_a_cache(fake_engine, tmp
     and Inductor's cache are the run's own, in its directory, removed when the run ends; the model's runs
     share one Triton cache (compiled kernels, the same binary for the same source)."""
     monkeypatch.setenv("INFERA_COMMIT", "abc123")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-root"))  # vLLM's usual cache
     seen = {}
     spawn = validate._spawn
 
     def spawn_and_compile(cfg, env, work):
         seen[os.path.basename(work)] = env
-        if "VLLM_CACHE_ROOT" in env:
-            os.makedirs(env["VLLM_CACHE_ROOT"], exist_ok=True)  # what a compile leaves there
+        if env["VLLM_CACHE_ROOT"] != os.environ["VLLM_CACHE_ROOT"]:
+            os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "torch_compile_cache"))  # what a compile leaves
+            # vLLM's model-class facts (no compiled code) land in its usual cache, shared by every run
+            Path(env["VLLM_CACHE_ROOT"], "modelinfos", f"{os.path.basename(work)}.json").write_text("{}")
         return spawn(cfg, env, work)
 
     monkeypatch.setattr(validate, "_spawn", spawn_and_compile)
@@ -937,6 +944,7 @@ def test_a_call_of_one_round_compiles_every_run_without_a_cache(fake_engine, tmp
         assert (env["VLLM_CACHE_ROOT"], env["TORCHINDUCTOR_CACHE_DIR"]) == (str(own), str(own / "inductor"))
         assert env["TRITON_CACHE_DIR"] == str(tmp_path / "w" / "tiny" / validate.SHARED_TRITON_CACHE)
         assert not own.exists()
+    assert sorted(os.listdir(tmp_path / "vllm-root" / "modelinfos")) == [f"{n}.json" for n in sorted(seen)]
     seen.clear()  # with two rounds vLLM's cache is on (a later round loads its graph) and only off2 has its own
     (tmp_path / "x").mkdir()
     assert validate.main([_model_dir(tmp_path / "x"), "--out", str(tmp_path / "v2.json"), "--work",
@@ -945,6 +953,7 @@ def test_a_call_of_one_round_compiles_every_run_without_a_cache(fake_engine, tmp
         assert env.get("VLLM_DISABLE_COMPILE_CACHE") == os.environ.get("VLLM_DISABLE_COMPILE_CACHE")
         assert env.get("TRITON_CACHE_DIR") == os.environ.get("TRITON_CACHE_DIR")
         assert (env.get("VLLM_CACHE_ROOT") != os.environ.get("VLLM_CACHE_ROOT")) == name.startswith("off2")
+    assert {"off2-r0.json", "off2-r1.json"} <= set(os.listdir(tmp_path / "vllm-root" / "modelinfos"))
 
 
 # ---- presets, prompt lengths per batch size, the runs option, rows ---------------------------------------------
