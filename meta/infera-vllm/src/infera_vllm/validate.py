@@ -1390,7 +1390,7 @@ def _own_compile_cache(entry: dict, c: dict) -> bool:
     return bool(c.get("own_compile_cache")) or entry["options"]["rounds"] == 1
 
 
-def vllm_cache_root() -> str:
+def _vllm_cache_root() -> str:
     """vLLM's cache directory for this process's environment (``VLLM_CACHE_ROOT``, else
     ``$XDG_CACHE_HOME/vllm`` or ``~/.cache/vllm``, as ``vllm.envs`` resolves it)."""
     default = os.path.join(os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "vllm")
@@ -1402,7 +1402,7 @@ def _share_model_info(own_root: str) -> None:
     of a model class by importing it in a child process, cached by the class file's hash. Without it every
     run with a cache of its own would repeat that import (20-29 s of engine construction on the H200 for a
     process whose cache root was empty); it holds nothing compiled."""
-    shared = os.path.join(vllm_cache_root(), "modelinfos")
+    shared = os.path.join(_vllm_cache_root(), "modelinfos")
     link = os.path.join(own_root, "modelinfos")
     os.makedirs(shared, exist_ok=True)
     os.makedirs(own_root, exist_ok=True)
@@ -1419,8 +1419,8 @@ def _run_config(m: dict, entry: dict, c: dict, r: int, vocab: int, report_dir: s
     Qwen3-30B-A3B) in a ``VLLM_CACHE_ROOT`` and an Inductor cache of its own: no run loads a graph or
     generated code another compiled. Compiled Triton kernels are shared by the model's runs
     (``TRITON_CACHE_DIR``, which vLLM points into its compile cache only when that is on): a kernel's binary
-    is a function of its source and options, so a run that finds one compiles the same code faster (vLLM's
-    MoE kernel compiles for each token count's configuration took about 1.3 s each on Qwen3-30B-A3B)."""
+    is a function of its source and options, so a run that finds one runs that binary without compiling it
+    (vLLM's MoE kernel took about 1.3 s to compile for each token count's configuration on Qwen3-30B-A3B)."""
     env = {k: v for k, v in os.environ.items() if k not in _SELECTION}
     env.update(c["env"], INFERA_VLLM_REPORT_DIR=os.path.join(report_dir, "report"))
     os.makedirs(env["INFERA_VLLM_REPORT_DIR"], exist_ok=True)
