@@ -96,6 +96,8 @@ def measure(cfg: dict) -> dict:
         out["quiet_wait_s"] = time.perf_counter() - start
         start = time.perf_counter()
     out["measured_at"] = time.time()  # when the timed work began
+    batches = WholeBatches.of(llm)  # every generation's requests reach the scheduler together
+    out["whole_batches"] = batches is not llm
     if weights != "dummy" and cfg["agreement_prompts"]:
         if weights == "random":  # no text to read: the same seeded random tokens in every run
             gen_rng = random.Random(1)
@@ -103,23 +105,21 @@ def measure(cfg: dict) -> dict:
                        for _ in range(cfg["agreement_prompts"])]
         else:
             prompts = harness.corpus_prompts(llm.get_tokenizer(), cfg["agreement_prompts"], cfg["agreement_tokens"])
-        gen = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                           SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0, detokenize=False),
-                           use_tqdm=False)
+        gen = batches.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0, detokenize=False),
+                               use_tqdm=False)
         out["top1"] = [[next(t for t, lp in pos.items() if lp.rank == 1) for pos in o.prompt_logprobs[1:]] for o in gen]
         out["prompts"] = prompts
         # the decode path at real logits: greedy continuations of each prompt's head (prompt_logprobs is prefill)
         g = greedy_tokens(cfg["agreement_tokens"])
-        gen = llm.generate([{"prompt_token_ids": p[:-g]} for p in prompts],
-                           SamplingParams(max_tokens=g, temperature=0.0, ignore_eos=True, detokenize=False),
-                           use_tqdm=False)
+        gen = batches.generate([{"prompt_token_ids": p[:-g]} for p in prompts],
+                               SamplingParams(max_tokens=g, temperature=0.0, ignore_eos=True, detokenize=False),
+                               use_tqdm=False)
         out["greedy"] = [list(o.outputs[0].token_ids) for o in gen]
     rng = random.Random(0)
     dlen = cfg["decode_tokens"]
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     full = SamplingParams(max_tokens=1 + dlen, temperature=0.0, ignore_eos=True, detokenize=False)
-    batches = WholeBatches.of(llm)
-    out["whole_batches"] = batches is not llm
     for batch in cfg["batches"]:
         plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
