@@ -63,13 +63,13 @@ def child(args) -> dict:
 
     from vllm import LLM, SamplingParams
 
-    from infera_vllm.validate import WholeBatches, graph_sizes, time_generations
+    from infera_vllm.validate import WholeBatches, graph_sizes, time_generations, timed_steps
 
     backend = VARIANTS[args.variant][0]
     kwargs = dict(max_model_len=args.prompt + args.decode + 17, max_num_seqs=args.max_num_seqs,
                   enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization)
     if not args.eager_prefill:  # the graphs validate captures: a default vLLM's for these steps
-        sizes = graph_sizes([n for b in args.batches for n in (b, b * args.prompt)])
+        sizes = graph_sizes(timed_steps({"batches": args.batches, "prompt_tokens": args.prompt}, real=False))
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
     if backend is not None:
         kwargs["attention_config"] = {"backend": backend}
