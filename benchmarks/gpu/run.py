@@ -204,6 +204,20 @@ def step_attn(r: Runner, a) -> None:
         step_tests(r, a)
 
 
+def step_attn_kv_quant(r: Runner, a) -> None:
+    """infera-attn-paged on quantized KV caches: the decode table per KV-cache dtype (fp8 per tensor, int8 and
+    fp8 per token-head) against vLLM's FA3 (fp8 queries) and Triton on the same cache, our bf16 time and the
+    quantized pages' stream floor (bench_attn_paged_kv_quant.py), then the package's tests of the quantized
+    paths on this GPU (-k quantized)."""
+    r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
+    if a.bench:
+        r.run(py("benchmarks/bench_attn_paged_kv_quant.py", "--out", r.out, *shlex.split(a.bench_args)),
+              log="bench_attn_paged_kv_quant.log", timeout=a.bench_timeout)
+    if a.tests:
+        a.packages, a.budget_s, a.select = ["infera-attn-paged"], a.tests_budget_s, "quantized"
+        step_tests(r, a)
+
+
 def step_attn_e2e(r: Runner, a) -> None:
     """FLASH_ATTN vs CUSTOM end to end: `infera-vllm validate --preset attn-paged-h200` (dummy-weight
     Llama-3-8B, Qwen3-8B and gpt-oss-20b shapes; results accumulate in attn-paged-h200.json, a model per call);
@@ -411,7 +425,8 @@ def write_config(name: str, directory: str, dry_run: bool = False, **overrides) 
 
 
 STEPS = {
-    "tests": step_tests, "attn": step_attn, "attn-e2e": step_attn_e2e, "step-probe": step_step_probe, "moe": step_moe,
+    "tests": step_tests, "attn": step_attn, "attn-kv-quant": step_attn_kv_quant, "attn-e2e": step_attn_e2e,
+    "step-probe": step_step_probe, "moe": step_moe,
     "norm": step_norm, "norm-numerics": step_norm_numerics, "norm-e2e": step_norm_e2e, "linear": step_linear,
     "foundation": step_foundation, "self-check": step_self_check, "validate": step_validate,
     "parallel": step_parallel, "linear-norm-x2": step_linear_norm_x2, "aot-check": step_aot_check,
@@ -448,6 +463,13 @@ def parser() -> argparse.ArgumentParser:
                                                     "--rows 16:320,64:320 --merge-max-slices 8'")
     switch(s, "tests", False, "the package's GPU tests afterwards")
     s.add_argument("--tests-budget-s", type=float, default=170)
+    s = step("attn-kv-quant")
+    switch(s, "bench", True, "the decode table per KV-cache dtype")
+    s.add_argument("--bench-timeout", type=float, default=420)
+    s.add_argument("--bench-args", default="", help="more bench_attn_paged_kv_quant.py arguments, e.g. "
+                                                    "'--kv-dtypes fp8 --configs llama3-8b'")
+    switch(s, "tests", True, "the package's tests of the quantized paths afterwards")
+    s.add_argument("--tests-budget-s", type=float, default=150)
     s = step("attn-e2e")
     s.add_argument("--models", help="e.g. qwen3-8b (one model fits a call)")
     s.add_argument("--budget-s", type=float, default=540)

@@ -190,3 +190,45 @@ def test_prefill_case(name, kind, label, reqs):
     assert sched["max_seqlen_k"] == call["max_seqlen_k"] == case.ctx
     assert call["cu_seqlens_q"] is case.query_start_loc and call["seqused_k"] is case.seq_lens
     assert call["causal"] is True and call["block_table"] is case.block_table
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int8_per_token_head", "fp8_per_token_head"])
+def test_quantized_decode_case(kind):
+    """bench_attn_paged_kv_quant.py's caches: TRITON_ATTN's layout for the dtype (the per-token-head scales in
+    the views vLLM's own ``_ensure_scale_caches`` carves, per KV copy), elements quantized from the case's
+    bf16 caches, our kernel on every copy within the tolerance of the reference over the dequantized cache,
+    that reference within the quantization's error of the bf16 one, and vLLM's Triton call binding to
+    ``unified_attention``'s signature."""
+    import bench_attn_paged_kv_quant as quant
+
+    torch.manual_seed(0)
+    Hq, Hkv, D = cases.HEADS["smollm2"]
+    case = quant.quantize_case(launch, reference, cases.make_case("smollm2", Hq, Hkv, D, 2, 40, device=CPU,
+                                                                  copies=2), kind)
+    content = 2 * (D + 4) if kind.endswith("head") else 2 * D
+    assert case.qkvs[0].shape == (case.keys[0].shape[0], Hkv, 16, content) and case.qkv_bytes == 2 * 40 * Hkv * content
+    if kind.endswith("head"):  # the scales sit in each head's padding, as fp32 bytes of the packed tensor
+        k_scales = case.qkvs[0].permute(0, 2, 1, 3)[..., D:D + 4].contiguous().view(torch.float32)[..., 0]
+        assert torch.equal(k_scales, case.scales[0].k) and (case.scales[0].k != case.scales[1].k).sum() == 0
+    ref = quant.quant_reference(reference, case)
+    exact = cases.reference_out(reference, case)
+    assert 0 < cases.max_err(ref, exact) < (0.05 if kind.startswith("int8") else 0.2)
+    impl = quant.make_ours_quant(launch, case)
+    for i in range(2):
+        impl.out.fill_(float("nan"))
+        impl.run(i)
+        assert cases.is_ok(cases.max_err(impl.out, ref)), (kind, i, cases.max_err(impl.out, ref))
+    if _vllm_triton() is not None:
+        captured = {}
+        real = sys.modules.get("vllm.v1.attention.ops.triton_unified_attention")
+        import vllm.v1.attention.ops.triton_unified_attention as tua
+
+        orig = tua.unified_attention
+        tua.unified_attention = lambda **kw: captured.update(kw)
+        try:
+            quant.make_triton_quant(case).run(0)
+        finally:
+            tua.unified_attention = orig
+        assert real is None or real is tua
+        _signature_binds(captured)
+        assert captured["kv_quant_mode"].name.lower().startswith(kind.split("_")[0])

@@ -36,6 +36,7 @@ def test_probe_times_and_profiles_a_tiny_model(tmp_path, engine_process):
     assert result["variant"] == "FLASH_ATTN" and set(result["batches"]) == {"1", "2"}
     for batch in result["batches"].values():
         assert len(batch["prefill_s"]) >= len(batch["full_s"]) == 2  # prefill-only repeats may follow the pairs
-        assert all(f > p > 0 for p, f in zip(batch["prefill_s"], batch["full_s"]))  # 4 more tokens take longer
+        # positive times, never their order: a busy machine can make a prefill-only repeat the slower one
+        assert all(t > 0 for t in batch["prefill_s"] + batch["full_s"])
         assert batch["profile_top"] and all(r["own_s"] >= 0 for r in batch["profile_top"])
     assert "FLASH_ATTN B=1: prefill ms" in done.stdout

@@ -17,6 +17,7 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "tests": ([], "-m 'not cpu_build' meta/infera-vllm/tests"),
     "attn": (["--tests", "--tune-args=--passes 3,5"], "tune_attn_paged.py --budget-s 180 --prefill-budget-s 100"
                                                       " --out . --passes 3,5"),
+    "attn-kv-quant": (["--bench-args=--kv-dtypes fp8"], "bench_attn_paged_kv_quant.py --out . --kv-dtypes fp8"),
     "attn-e2e": (["--models", "qwen3-8b"], "validate --preset attn-paged-h200 --models qwen3-8b --out "
                                            "attn-paged-h200.json"),
     "step-probe": (["--backends", "FLASH_ATTN,CUSTOM"], "e2e_step_probe.py --model /tmp/models/llama-3-8b "

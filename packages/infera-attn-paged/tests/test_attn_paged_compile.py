@@ -44,6 +44,23 @@ if tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 9):
         "and window on; Triton 3.6's, the H200's, none (194 registers; benchmarks/results/h200/aot/)")
 
 
+# (head size, query heads per KV head) of the quantized-cache variants: the hd64 and hd128 tiles
+QUANT_HEADS = ((64, 3), (128, 4))
+
+
+def fp8_pointer(family: str) -> str:
+    """The element type of an fp8 cache on the family, as vLLM's ``current_platform.fp8_dtype()`` types it:
+    e4m3fnuz on gfx942 (MI300), OCP e4m3 elsewhere."""
+    return "*fp8e4b8" if family == "gfx942" else "*fp8e4nv"
+
+
+def quant_pointers(family: str, kv_quant: int) -> dict:
+    """POINTERS with the caches quantized: fp8 per tensor (KV_QUANT 1), int8 per (token, head) (2), with
+    their fp32 scales."""
+    cache = fp8_pointer(family) if kv_quant == launch.KV_PER_TENSOR else "*i8"
+    return dict(POINTERS, k_ptr=cache, v_ptr=cache, k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+
+
 def _features(on):
     return dict(HAS_SINKS=on, HAS_SOFTCAP=on, HAS_WINDOW=on, FP32_DOT=False)
 
@@ -75,10 +92,11 @@ def compile_cases(family: str) -> list[aot.Case]:
     cuda = aot.family(family).backend == "cuda"
     cases = []
 
-    def case(kernel, label, launch, **args):
-        # a head size the family's tuning file declines (every launch spills): compiled and reported, not
-        # launched, so not required to fit
-        cases.append(aot.Case(kernel, label, launch, args, must_fit=declined is None,
+    def case(kernel, label, launch, kv_quant=0, **args):
+        # a head size the family's tuning file declines (every launch spills), or a quantized cache the policy
+        # declines there: compiled and reported, not launched, so not required to fit
+        served = declined is None and not (kv_quant and kv_quant in policy.QUANTIZED_KV_SPILLS.get(family, ()))
+        cases.append(aot.Case(kernel, label, launch, args, must_fit=served,
                               known_misfit=KNOWN_MISFITS.get((family, label))))
 
     for D, G in HEADS:
@@ -91,11 +109,17 @@ def compile_cases(family: str) -> list[aot.Case]:
             consts = dict(G=G, BLOCK_G=max(16, gm), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
                           BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda and not merge, MERGE=merge,
                           BLOCK_GM=gm, BLOCK_S=launch.merge_step(gm, BLOCK_D, launch.MAX_SPLITS),
-                          **_features(split))
+                          KV_QUANT=launch.KV_PLAIN, **_features(split))
             what = ("split, merged in the kernel" if merge else "split") if split else "one slice"
             case(_paged_decode_kernel, f"decode D={D} G={G} {what}",
                  _launch(c, BLOCK_N=c.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
                  num_warps=c.num_warps, num_stages=c.num_stages)
+            if (D, G) in QUANT_HEADS and not merge:
+                for kv_quant, kind in ((launch.KV_PER_TENSOR, "fp8"), (launch.KV_PER_TOKEN_HEAD, "int8/token")):
+                    case(_paged_decode_kernel, f"decode D={D} G={G} {what} {kind}",
+                         _launch(c, BLOCK_N=c.block_n), kv_quant, pointers=quant_pointers(family, kv_quant),
+                         constexprs=dict(consts, KV_QUANT=kv_quant), floats=FLOATS, num_warps=c.num_warps,
+                         num_stages=c.num_stages)
         consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=launch.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,
                       USE_PDL=cuda)
         case(_paged_decode_reduce_kernel, f"reduce D={D} BLOCK_S={launch.REDUCE_BLOCK_S}", f"w{cfg.reduce_warps}",
@@ -106,6 +130,12 @@ def compile_cases(family: str) -> list[aot.Case]:
             case(_paged_prefill_kernel, f"prefill D={D} G={G} {'features' if on else 'plain'}",
                  _launch(pcfg, BLOCK_M=block_m, BLOCK_N=pcfg.block_n), pointers=POINTERS, constexprs=consts,
                  floats=FLOATS, num_warps=pcfg.num_warps, num_stages=pcfg.num_stages)
+            if (D, G) in QUANT_HEADS and not on:
+                for kv_quant, kind in ((launch.KV_PER_TENSOR, "fp8"), (launch.KV_PER_TOKEN_HEAD, "int8/token")):
+                    case(_paged_prefill_kernel, f"prefill D={D} G={G} plain {kind}",
+                         _launch(pcfg, BLOCK_M=block_m, BLOCK_N=pcfg.block_n), kv_quant, pointers=quant_pointers(
+                             family, kv_quant), constexprs=dict(consts, KV_QUANT=kv_quant), floats=FLOATS,
+                         num_warps=pcfg.num_warps, num_stages=pcfg.num_stages)
     return cases
 
 
@@ -128,7 +158,7 @@ def test_reduce_waits_for_the_main_kernel_only_under_pdl(pdl):
 def test_main_kernel_releases_the_reduce_before_its_first_load_only_under_pdl(pdl):
     cfg = decode_config("sm90", 128)
     consts = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=pdl,
-                  MERGE=False, BLOCK_GM=4, BLOCK_S=1, **_features(False))
+                  MERGE=False, BLOCK_GM=4, BLOCK_S=1, KV_QUANT=launch.KV_PLAIN, **_features(False))
     compiled = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=POINTERS, constexprs=consts, floats=FLOATS,
                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     ptx = compiled.asm["ptx"]
@@ -152,7 +182,7 @@ def test_merge_register_cap_keeps_the_tuned_programs_per_sm(D, G):
     assert pol.merge_max_registers in (0, budget)  # where the file caps the merge, it is the launch checked here
     consts = dict(G=G, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=False,
                   MERGE=True, BLOCK_GM=triton.next_power_of_2(G), BLOCK_S=launch.merge_step(
-                      triton.next_power_of_2(G), D, 8), **_features(False))
+                      triton.next_power_of_2(G), D, 8), KV_QUANT=launch.KV_PLAIN, **_features(False))
     compiled = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=POINTERS, constexprs=consts, floats=FLOATS,
                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=budget)
     used = aot.resources(compiled)

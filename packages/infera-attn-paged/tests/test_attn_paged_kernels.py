@@ -301,3 +301,83 @@ def test_prefill_fp16_and_strided_query():
     wide = torch.randn(q.shape[0], 6, 64, dtype=q.dtype, device=DEV)
     wide[:, 2:6] = q
     check_prefill(wide[:, 2:6], k, v, bt, seq_lens, qsl)
+
+
+# Quantized KV caches (kernels.py, Quantized KV caches): the caches written as vLLM's TRITON_ATTN writes them
+# (reference.quantize_*), read with bf16 queries, against the fp32 reference over the dequantized cache
+FP8 = torch.float8_e4m3fn
+KV_QUANTS = ["fp8", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head"]
+
+
+def quantized(k, v, kind):
+    """(k_q, v_q, KVScales) of bf16 caches in one of vLLM's quantized KV-cache dtypes: per-tensor scales
+    away from 1, per-(token, head) scale caches as strided views of one buffer (as TRITON_ATTN's are)."""
+    from infera_ops.attn_paged.reference import quantize_per_tensor, quantize_per_token_head
+
+    if kind.endswith("per_token_head"):
+        dtype = torch.int8 if kind.startswith("int8") else FP8
+        (kq, ks), (vq, vs) = quantize_per_token_head(k, dtype), quantize_per_token_head(v, dtype)
+        both = torch.stack([ks, vs], dim=-1)  # [num_blocks, page, Hkv, 2]: the two scale caches share strides
+        return kq, vq, launch.KVScales(launch.KV_PER_TOKEN_HEAD, both[..., 0], both[..., 1])
+    dtype = torch.float8_e5m2 if kind == "fp8_e5m2" else FP8
+    k_scale, v_scale = (torch.tensor(s, device=DEV) for s in (0.037, 0.021))
+    return (quantize_per_tensor(k, k_scale, dtype), quantize_per_tensor(v, v_scale, dtype),
+            launch.KVScales(launch.KV_PER_TENSOR, k_scale, v_scale))
+
+
+@pytest.mark.parametrize("kind", KV_QUANTS)
+@pytest.mark.parametrize("Hq,Hkv,D,splits", [(9, 3, 64, 1), (4, 2, 80, 4), (8, 2, 128, 3)])
+def test_quantized_caches_decode(kind, Hq, Hkv, D, splits):
+    """Decode over quantized caches with bf16 queries, one slice and several (merged by the reduce kernel),
+    against the reference over the same dequantized elements; and the answer moves with the scales (a kernel
+    that ignored them would fail)."""
+    q, k, v, bt, lens = paged_case(3, Hq, Hkv, D, 16, [70, 1, 33])
+    kq, vq, scales = quantized(k * 3, v * 2, kind)
+    out = torch.full_like(q, float("nan"))
+    launch.paged_decode(q, kq, vq, bt, lens, D ** -0.5, out, num_splits=splits, kv_scales=scales,
+                        policy=EVERY_SLICE if splits > 1 else None)
+    ref = paged_decode_reference(q, kq, vq, bt, lens, D ** -0.5, kv_scales=scales)
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
+    unscaled = paged_decode_reference(q, kq, vq, bt, lens, D ** -0.5)
+    assert (ref - unscaled).abs().max() > 0.1
+
+
+def test_quantized_caches_with_every_feature_and_merged_slices():
+    q, k, v, bt, lens = paged_case(3, 8, 2, 64, 16, [130, 5, 64])
+    for kind in ("fp8", "int8_per_token_head"):
+        kq, vq, scales = quantized(k, v, kind)
+        kw = dict(sinks=torch.randn(8, device=DEV), window_left=50, softcap=20.0)
+        out = torch.full_like(q, float("nan"))
+        launch.paged_decode(q * 4, kq, vq, bt, lens, 0.125, out, num_splits=4, kv_scales=scales, policy=MERGED, **kw)
+        ref = paged_decode_reference(q * 4, kq, vq, bt, lens, 0.125, kv_scales=scales, **kw)
+        torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
+
+
+@pytest.mark.parametrize("kind", KV_QUANTS)
+def test_quantized_caches_prefill(kind):
+    """Prefill, chunked prefill with context and a decode token in one ragged batch over quantized caches."""
+    from infera_ops.attn_paged.reference import paged_prefill_reference
+
+    q, k, v, bt, seq_lens, qsl = ragged_case(6, 2, 64, 16, query_lens=[21, 9, 1], contexts=[0, 40, 17])
+    kq, vq, scales = quantized(k * 2, v * 3, kind)
+    out = torch.full_like(q, float("nan"))
+    launch.paged_prefill(q, kq, vq, bt, seq_lens, qsl, 0.125, out, block_m=16, kv_scales=scales,
+                         window_left=30 if kind == "fp8" else -1)
+    ref = paged_prefill_reference(q, kq, vq, bt, seq_lens, qsl, 0.125, kv_scales=scales,
+                                  window_left=30 if kind == "fp8" else -1)
+    assert not out.isnan().any(), "unwritten output elements"
+    torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
+
+
+def test_quantized_caches_need_their_scales():
+    q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [5, 6])
+    kq, vq, scales = quantized(k, v, "int8_per_token_head")
+    with pytest.raises(ValueError, match="needs its KVScales"):
+        launch.paged_decode(q, kq, vq, bt, lens, 0.1)
+    with pytest.raises(ValueError, match="per-tensor scales take fp8"):
+        launch.paged_decode(q, kq, vq, bt, lens, 0.1, kv_scales=launch.KVScales(launch.KV_PER_TENSOR, *(
+            torch.ones((), device=DEV),) * 2))
+    with pytest.raises(ValueError, match="per-token-head scales"):
+        launch.paged_decode(q, kq, vq, bt, lens, 0.1, kv_scales=launch.KVScales(
+            launch.KV_PER_TOKEN_HEAD, scales.k[:1], scales.v[:1]))

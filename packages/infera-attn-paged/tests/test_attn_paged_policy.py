@@ -17,6 +17,9 @@ def test_layers_served():
     for hs in (64, 80, 96, 128, 256):
         assert layer(head_size=hs) is None
     assert layer(kv_cache_dtype="bfloat16") is None and layer(attn_type="DECODER") is None
+    for quantized in ("fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head"):
+        assert layer(kv_cache_dtype=quantized) is None and policy.kv_quant(quantized) in (1, 2)
+    assert policy.kv_quant("auto") == policy.kv_quant("bfloat16") == 0
 
 
 def test_layers_declined_with_reasons():
@@ -25,8 +28,12 @@ def test_layers_declined_with_reasons():
     assert layer(attn_type="encoder_decoder") == "attn-type"
     assert layer(alibi_slopes=torch.ones(4)) == "alibi"
     assert layer(use_alibi_sqrt=True) == "alibi"
-    assert layer(kv_cache_dtype="fp8") == "kv-cache-dtype"
-    assert layer(kv_cache_dtype="int8_per_token_head") == "kv-cache-dtype"
+    assert layer(kv_cache_dtype="int4_per_token_head") == "kv-cache-dtype"  # packed, rotated: not read
+    assert layer(kv_cache_dtype="nvfp4") == "kv-cache-dtype"
+    # quantized caches on a family whose launch sizes spill with their tiles (the compile test's finding)
+    assert layer(kv_cache_dtype="fp8", family="gfx1100") == "kv-cache-dtype-on-family"
+    assert layer(kv_cache_dtype="int8_per_token_head", family="gfx942") == "kv-cache-dtype-on-family"
+    assert layer(kv_cache_dtype="fp8", family="gfx942") is None and layer(kv_cache_dtype="fp8", family="sm90") is None
     for hs in (32, 112, 192, 512):
         assert layer(head_size=hs) == "head-size"
     assert layer(chunk_lookback=8192) == "chunked-local"
@@ -40,10 +47,21 @@ def test_layers_left_to_vllm_where_the_backend_is_the_automatic_choice():
     assert policy.default_decline("decoder", 128, "auto", "sm90") is None
     assert policy.default_decline(None, 64, None, "sm90") is None  # the selector's defaults: a decoder, auto
     assert policy.default_decline("encoder_only", 128, "auto", "sm90") == "attn-type"
-    assert policy.default_decline("decoder", 128, "fp8_e4m3", "sm90") == "kv-cache-dtype"
+    # a quantized cache the kernels read stays on vLLM's choice until a family's matrix judges it
+    assert policy.AUTOMATIC_QUANTIZED_KV == ()
+    assert policy.default_decline("decoder", 128, "fp8_e4m3", "sm90") == "kv-cache-dtype-opt-in"
+    assert policy.default_decline("decoder", 128, "int4_per_token_head", "sm90") == "kv-cache-dtype"
     assert policy.default_decline("decoder", 192, "auto", "sm90") == "head-size"
     assert policy.default_decline("decoder", 256, "auto", "gfx1100") == "head-size-on-family"  # its file's
     assert policy.default_decline("decoder", 256, "auto", "sm90") is None
+
+
+def test_quantized_caches_prefill_on_the_kernel_not_fa3():
+    """FA3 reads an fp8 cache only with fp8 queries; the backend keeps them bf16, so FA3 takes plain caches."""
+    assert policy.prefill_on_fa3("auto", None, 128) and policy.prefill_on_fa3("fa3", None, 128, "bfloat16")
+    for quantized in ("fp8", "int8_per_token_head"):
+        assert not policy.prefill_on_fa3("auto", None, 128, quantized)
+        assert not policy.prefill_on_fa3("fa3", None, 128, quantized)
 
 
 def batch(q=None, **kw):

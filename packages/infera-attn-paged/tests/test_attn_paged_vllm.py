@@ -159,7 +159,7 @@ def test_layers_it_cannot_serve_are_counted_at_construction(vllm_config):
     assert impl._infera_layer_decline == "alibi"
     key = ("fallback", "alibi", "dynamic", "plan")
     assert _counts()[key] == before.get(key, 0) + 1
-    assert _impl(kv_cache_dtype="fp8")._infera_layer_decline == "kv-cache-dtype"
+    assert _impl(kv_cache_dtype="int4_per_token_head")._infera_layer_decline == "kv-cache-dtype"
 
 
 def _prefill_case(vllm_config, impl_kw=None):
@@ -529,3 +529,65 @@ def test_doctor_gives_serving_verdict_for_a_bad_switch(tmp_path):
     ops = {o["op"]: o for o in json.loads(proc.stdout)["ops"]}
     assert ops["attn-paged"]["reason"] == "bad-switch", ops["attn-paged"]
     assert "auto, fa3, kernel, triton" in ops["attn-paged"]["detail"] and proc.returncode == 1  # it was asked for
+
+
+class QuantScales(torch.nn.Module):
+    """An Attention layer's per-tensor KV scales as a checkpoint sets them (away from 1)."""
+    _k_scale = torch.tensor(0.043, device=DEV)
+    _v_scale = torch.tensor(0.027, device=DEV)
+    _q_scale = torch.ones((), device=DEV)
+
+
+def _quantized_cache(kind, nblocks):
+    """vLLM's KV tensor for ``kind`` in TRITON_ATTN's layout: logical (num_blocks, Hkv, block_size, content),
+    NHD physical order; per-token-head caches pad each of K and V by one fp32 scale (4 one-byte elements)."""
+    dtype = torch.int8 if kind == "int8_per_token_head" else torch.uint8
+    content = 2 * (D + 4) if kind.endswith("per_token_head") else 2 * D
+    return torch.zeros(nblocks, PAGE, HKV, content, dtype=dtype, device=DEV).permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head"])
+def test_quantized_caches_written_and_read_by_the_backend(vllm_config, monkeypatch, kind):
+    """A layer with a quantized KV cache is served with bf16 queries (vLLM does not quantize them for it): the
+    backend's write fills the cache in TRITON_ATTN's layout (the per-token-head scales in its inline slots,
+    through vLLM's own views), and decode and prefill batches over it match the fp32 reference over the
+    dequantized cache, and the unquantized keys and values within the quantization's error."""
+    from infera_ops.attn_paged import launch
+    from infera_ops.attn_paged.reference import paged_prefill_reference
+
+    monkeypatch.setenv("INFERA_ATTN_PAGED_PREFILL", "auto")
+    impl = _impl(kv_cache_dtype=kind)
+    assert impl._infera_layer_decline is None and impl.supports_quant_query_input is False
+    assert impl._infera_prefill == "kernel"  # FA3 would take an fp8 cache only with fp8 queries
+    lens, qlens = [40, 9, 30], [40, 4, 1]
+    md, _, block_table = _decode_batch(vllm_config, lens, qlens)
+    kv_cache, layer = _quantized_cache(kind, block_table.numel() + 3), QuantScales()
+    keys = torch.randn(sum(lens), HKV, D, dtype=torch.bfloat16, device=DEV)
+    values = torch.randn(sum(lens), HKV, D, dtype=torch.bfloat16, device=DEV)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(DEV)
+    req = torch.cat([torch.full((n,), r) for r, n in enumerate(lens)]).to(DEV)
+    slots = block_table[req, pos // PAGE].long() * PAGE + pos % PAGE
+    impl.do_kv_cache_update(layer, keys * 0.2, values * 0.1, kv_cache, slots)
+    key_cache, value_cache, scales = impl._caches(layer, kv_cache)
+    assert scales.mode == (launch.KV_PER_TOKEN_HEAD if kind.endswith("per_token_head") else launch.KV_PER_TENSOR)
+    if scales.mode == launch.KV_PER_TOKEN_HEAD:  # the scales live in vLLM's own views of the padding
+        assert scales.k is impl._k_scale_cache and (scales.k != 1).sum() == sum(lens) * HKV
+    bf16 = torch.zeros(block_table.numel() + 3, PAGE, HKV, 2 * D, dtype=torch.bfloat16, device=DEV)
+    bf16[slots // PAGE, slots % PAGE] = torch.cat([keys * 0.2, values * 0.1], dim=-1)
+    q = torch.randn(sum(qlens), HQ, D, dtype=torch.bfloat16, device=DEV) * 4
+    out = torch.full_like(q, float("nan"))
+    impl.forward(layer, q, None, None, kv_cache, md, out)
+    args = (block_table, md.seq_lens, md.query_start_loc, D ** -0.5)
+    ref = paged_prefill_reference(q, key_cache, value_cache, *args, kv_scales=scales)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    exact = paged_prefill_reference(q, *bf16.split(D, dim=-1), *args)
+    assert (out.float() - exact).abs().max() < (0.05 if kind.startswith("int8") else 0.15) * exact.abs().max()
+
+    decode_md = _decode_batch(vllm_config, lens)[0]
+    decode_md.block_table = block_table
+    dq = torch.randn(len(lens), HQ, D, dtype=torch.bfloat16, device=DEV) * 4
+    dout = torch.full_like(dq, float("nan"))
+    impl.forward(layer, dq, None, None, kv_cache, decode_md, dout)
+    dref = paged_decode_reference(dq, key_cache, value_cache, block_table, decode_md.seq_lens, D ** -0.5,
+                                  kv_scales=scales)
+    torch.testing.assert_close(dout.float(), dref, atol=2e-2, rtol=2e-2)

@@ -47,6 +47,21 @@ bytes in two launches against one, benchmarks/results/h200/moe-decode/bench_moe_
 the merge costs the last program S_b / BLOCK_S dependent reads of its partials from L2 after its own slice,
 so it pays at small slice caps (launch.SplitPolicy.merge_max_slices).
 
+## Quantized KV caches
+
+``KV_QUANT`` selects how the cache holds keys and values (vLLM's ``kv_cache_dtype``, TRITON_ATTN's layouts):
+0, the query's dtype; 1 (``fp8``, ``fp8_e4m3``, ``fp8_e5m2``), fp8 elements with one fp32 scale per cache,
+k = k_scale · k_q, v = v_scale · v_q; 2 (``int8_per_token_head``, ``fp8_per_token_head``), int8 or fp8 elements
+with an fp32 scale per (token, KV head) in scale caches of their own. Queries stay in their own dtype (bf16,
+fp16): a tile of quantized elements is converted to it exactly (fp8 and int8 values are bf16/fp16 values) and
+the scales are applied in fp32 outside the dots, so no product is taken in fp8:
+
+    s_gn = scale · k_scale_n · (q_g · k_q,n)       o_g = sum_n p_gn v_scale_n v_q,n / sum_n p_gn
+
+With one scale per cache, k_scale joins the logits' scale and v_scale multiplies the accumulated output once;
+with a scale per (token, head), each tile's key scales multiply its logits' columns and its value scales the
+probabilities that weigh the values (the softmax denominator keeps the unscaled probabilities).
+
 ## Prefill
 
 Causal attention for ragged query batches over vLLM's paged KV cache: prefill, chunked prefill with
@@ -91,9 +106,13 @@ def _softcap(s, cap):
 
 @triton.jit
 def _paged_kv(k_head_ptr, v_head_ptr, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row_ptr, n, n_ok,
-              d, d_ok, PAGE: tl.constexpr):
-    """The [BLOCK_N, BLOCK_D] keys and values of positions ``n`` (one KV head), gathered through the
-    sequence's block-table row: position n lives at slot n % PAGE of physical block bt_row[n // PAGE]."""
+              d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride, scale_pos_stride, scale_head_stride, h, dtype,
+              PAGE: tl.constexpr, KV_QUANT: tl.constexpr):
+    """(keys, values, key scales, value scales) of positions ``n`` (KV head h), gathered through the sequence's
+    block-table row: position n lives at slot n % PAGE of physical block bt_row[n // PAGE]. Keys and values
+    [BLOCK_N, BLOCK_D] in ``dtype`` (the query's: a quantized cache's elements converted exactly); the scales
+    [BLOCK_N] fp32 from the per-(token, head) scale caches [num_blocks, PAGE, Hkv] where ``KV_QUANT`` is 2,
+    else unused placeholders (module docstring, Quantized KV caches)."""
     blk = tl.load(bt_row_ptr + n // PAGE, mask=n_ok, other=0).to(tl.int64)
     pos = (n % PAGE).to(tl.int64)
     ok = n_ok[:, None] & d_ok[None, :]
@@ -101,19 +120,44 @@ def _paged_kv(k_head_ptr, v_head_ptr, k_block_stride, k_pos_stride, v_block_stri
                 other=0.0)
     v = tl.load(v_head_ptr + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :], mask=ok,
                 other=0.0)
-    return k, v
+    if KV_QUANT == 2:
+        at = blk * scale_block_stride + pos * scale_pos_stride + h.to(tl.int64) * scale_head_stride
+        k_scales = tl.load(k_scale_ptr + at, mask=n_ok, other=0.0)
+        v_scales = tl.load(v_scale_ptr + at, mask=n_ok, other=0.0)
+    else:
+        k_scales = n_ok
+        v_scales = n_ok
+    if KV_QUANT != 0:
+        k = _as_query_dtype(k, dtype)
+        v = _as_query_dtype(v, dtype)
+    return k, v, k_scales, v_scales
+
+
+@triton.jit
+def _as_query_dtype(x, dtype):
+    """A tile of cache elements in the query's dtype: exact for fp8 and int8 elements (int8 through fp32, the
+    conversion Triton's interpreter gets right)."""
+    if x.dtype == dtype:
+        return x
+    if x.dtype.is_int():
+        return x.to(tl.float32).to(dtype)
+    return x.to(dtype)
 
 
 @triton.jit
 def _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP: tl.constexpr,
-                 FP32_DOT: tl.constexpr, MASKED: tl.constexpr = True):
+                 FP32_DOT: tl.constexpr, MASKED: tl.constexpr, k_col_scale, v_row_scale, TOKEN_SCALES: tl.constexpr):
     """One online-softmax step over a K/V tile: (m, l, acc) after adding the ``visible`` keys of this tile.
 
     Logits in the exp2 domain (``qk_scale`` holds log2 e unless a soft-cap is applied first). A row that has
     seen no visible key yet keeps m = -inf; its exponentials use 0 as the maximum, so no NaN arises.
     ``MASKED=False``: every key of the tile is visible to every row (``visible`` is not read), so neither the
-    mask nor the -inf guard is applied."""
+    mask nor the -inf guard is applied. ``TOKEN_SCALES``: ``k`` and ``v`` hold quantized elements in q's
+    dtype with one scale per key, ``k_col_scale`` and ``v_row_scale`` [BLOCK_N] fp32 (module docstring,
+    Quantized KV caches)."""
     qk = _dot(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], tl.float32), FP32_DOT) * qk_scale
+    if TOKEN_SCALES:
+        qk = qk * k_col_scale[None, :]
     if HAS_SOFTCAP:
         qk = _softcap(qk, softcap) * 1.4426950408889634
     if MASKED:
@@ -126,7 +170,10 @@ def _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP: tl
     alpha = tl.exp2(m - m_use)
     p = tl.exp2(qk - m_use[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+    if TOKEN_SCALES:
+        acc = _dot((p * v_row_scale[None, :]).to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
+    else:
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], FP32_DOT)
     return m_new, l, acc
 
 
@@ -201,7 +248,7 @@ def _paged_decode_kernel(
     q_ptr,  # [B, Hq, D], unit stride along D
     q_seq_stride,
     q_head_stride,
-    k_ptr,  # [num_blocks, PAGE, Hkv, D] key cache view (any strides but D's)
+    k_ptr,  # [num_blocks, PAGE, Hkv, D] key cache view (any strides but D's): q's dtype, or fp8 / int8 (KV_QUANT)
     k_block_stride,
     k_pos_stride,
     k_head_stride,
@@ -209,6 +256,11 @@ def _paged_decode_kernel(
     v_block_stride,
     v_pos_stride,
     v_head_stride,
+    k_scale_ptr,  # KV_QUANT 1: the key cache's fp32 scale; 2: [num_blocks, PAGE, Hkv] fp32 per (token, head)
+    v_scale_ptr,  # the values', likewise
+    scale_block_stride,  # KV_QUANT 2: the scale caches' strides (the key and value scale caches share them)
+    scale_pos_stride,
+    scale_head_stride,
     block_table_ptr,  # [B, max_pages] int32 physical block of each page
     block_table_stride,
     seq_lens_ptr,  # [B] int32 keys per sequence (the query is the last one)
@@ -234,6 +286,7 @@ def _paged_decode_kernel(
     HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
+    KV_QUANT: tl.constexpr,  # 0 the caches hold q's dtype, 1 fp8 with a scale per cache, 2 a scale per (token, head)
     USE_PDL: tl.constexpr,  # release the reduce kernel (a programmatic dependent launch) as each program starts
     MERGE: tl.constexpr,  # SPLIT only: the last slice of each (sequence, KV head) merges them; no reduce launch
     BLOCK_GM: tl.constexpr,  # MERGE: next power of two >= G (the merge's head rows)
@@ -270,15 +323,21 @@ def _paged_decode_kernel(
     qk_scale = scale * 1.4426950408889634  # exp2 domain (when soft-capped, applied after the cap)
     if HAS_SOFTCAP:
         qk_scale = scale
+    if KV_QUANT == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     bt_row = block_table_ptr + b * block_table_stride
     k_head = k_ptr + h.to(tl.int64) * k_head_stride
     v_head = v_ptr + h.to(tl.int64) * v_head_stride
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < hi
-        k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n, n_ok,
-                         d, d_ok, PAGE)
-        m, l, acc = _attend_tile(q, k, v, n_ok[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT)
+        k, v, ks, vs = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n,
+                                 n_ok, d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride, scale_pos_stride,
+                                 scale_head_stride, h, q.dtype, PAGE, KV_QUANT)
+        m, l, acc = _attend_tile(q, k, v, n_ok[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT, True,
+                                 ks, vs, KV_QUANT == 2)
+    if KV_QUANT == 1:
+        acc = acc * tl.load(v_scale_ptr)
 
     if SPLIT and n_slices > 1:
         # a slice with no visible key: l = 0, lse = -inf, and the reduce gives it weight 0 without its output
@@ -361,7 +420,7 @@ def _paged_prefill_kernel(
     q_ptr,  # [T, Hq, D], unit stride along D
     q_tok_stride,
     q_head_stride,
-    k_ptr,  # [num_blocks, PAGE, Hkv, D]
+    k_ptr,  # [num_blocks, PAGE, Hkv, D]: q's dtype, or fp8 / int8 (KV_QUANT)
     k_block_stride,
     k_pos_stride,
     k_head_stride,
@@ -369,6 +428,11 @@ def _paged_prefill_kernel(
     v_block_stride,
     v_pos_stride,
     v_head_stride,
+    k_scale_ptr,  # as the decode kernel's
+    v_scale_ptr,
+    scale_block_stride,
+    scale_pos_stride,
+    scale_head_stride,
     block_table_ptr,  # [R, max_pages] int32
     block_table_stride,
     seq_lens_ptr,  # [R] int32 keys per request, context + new tokens
@@ -393,6 +457,7 @@ def _paged_prefill_kernel(
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,
     UNMASKED_TILES: tl.constexpr,  # the tiles every row sees whole in their own loop, without the causal mask
+    KV_QUANT: tl.constexpr,  # as the decode kernel's
 ):
     """Ragged causal attention over the paged cache (module docstring, Prefill): program (p, h) takes query
     block p (across the requests, first to last) of KV head h. ``q_ptr``/``out_ptr`` [T, Hq, D] and the caches
@@ -400,7 +465,7 @@ def _paged_prefill_kernel(
     ``seq_lens_ptr`` [R] and ``query_start_loc_ptr`` [R + 1] as vLLM passes them. Switches: HAS_SINKS (a sink
     logit per query head in the denominator), HAS_SOFTCAP (cap · tanh(s / cap) on the logits), HAS_WINDOW
     (keys more than ``window_left`` behind the query masked), FP32_DOT (dots in fp32: Triton's CPU
-    interpreter), UNMASKED_TILES (module docstring)."""
+    interpreter), UNMASKED_TILES and KV_QUANT (module docstring)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     r = _find_request(query_start_loc_ptr, pid, num_seqs, BLOCK_Q)
@@ -429,6 +494,8 @@ def _paged_prefill_kernel(
     qk_scale = scale * 1.4426950408889634
     if HAS_SOFTCAP:
         qk_scale = scale
+    if KV_QUANT == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
     hi = tl.minimum(ctx + first + BLOCK_Q, seq_len)  # one past the last key any row may see
     lo = 0
     if HAS_WINDOW:
@@ -444,19 +511,24 @@ def _paged_prefill_kernel(
         all_keys = tl.full([BLOCK_N], 1, tl.int1)
         for n0 in range(lo, mid, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
-            k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n,
-                             all_keys, d, d_ok, PAGE)
+            k, v, ks, vs = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride,
+                                     bt_row, n, all_keys, d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride,
+                                     scale_pos_stride, scale_head_stride, h, q.dtype, PAGE, KV_QUANT)
             m, l, acc = _attend_tile(q, k, v, all_keys[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP,
-                                     FP32_DOT, False)
+                                     FP32_DOT, False, ks, vs, KV_QUANT == 2)
     for n0 in range(mid, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < hi
-        k, v = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n, n_ok,
-                         d, d_ok, PAGE)
+        k, v, ks, vs = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n,
+                                 n_ok, d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride, scale_pos_stride,
+                                 scale_head_stride, h, q.dtype, PAGE, KV_QUANT)
         visible = n_ok[None, :] & (n[None, :] <= pos[:, None])  # causal
         if HAS_WINDOW:
             visible = visible & (n[None, :] >= pos[:, None] - window_left)
-        m, l, acc = _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT)
+        m, l, acc = _attend_tile(q, k, v, visible, m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT, True, ks, vs,
+                                 KV_QUANT == 2)
+    if KV_QUANT == 1:
+        acc = acc * tl.load(v_scale_ptr)
 
     if HAS_SINKS:
         acc, l = _with_sinks(acc, l, m, sinks_ptr, heads, row_ok)

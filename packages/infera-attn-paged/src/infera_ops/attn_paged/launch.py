@@ -24,6 +24,49 @@ REDUCE_BLOCK_S = 64  # slices the reduce kernel merges per step
 MERGE_TILE = 4096
 
 
+# kernels.py's KV_QUANT: how the caches hold keys and values
+KV_PLAIN, KV_PER_TENSOR, KV_PER_TOKEN_HEAD = 0, 1, 2
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """The scales of a quantized KV cache (kernels.py, Quantized KV caches). ``mode`` KV_PER_TENSOR: fp8
+    caches, ``k`` and ``v`` one fp32 value each (vLLM's ``layer._k_scale`` / ``_v_scale``, on the device: read
+    by the kernel, so a CUDA graph replays with whatever they hold). KV_PER_TOKEN_HEAD: int8 or fp8 caches,
+    ``k`` and ``v`` the fp32 scale caches ``[num_blocks, block_size, Hkv]`` (TRITON_ATTN's strided views into
+    its cache pages; the two share strides)."""
+
+    mode: int
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _scale_args(scales: KVScales | None, key_cache: torch.Tensor, q: torch.Tensor) -> tuple:
+    """(k_scale, v_scale, block, position and head strides of the scale caches, KV_QUANT) for a launch; a
+    clear error where the caches and the scales do not go together."""
+    if scales is None or scales.mode == KV_PLAIN:
+        if key_cache.dtype != q.dtype:
+            raise ValueError(f"a {key_cache.dtype} cache with {q.dtype} queries needs its KVScales")
+        return q, q, 0, 0, 0, KV_PLAIN
+    k, v = scales.k, scales.v
+    if k.dtype != torch.float32 or v.dtype != torch.float32:
+        raise ValueError(f"KV scales must be fp32, not {k.dtype} / {v.dtype}")
+    if scales.mode == KV_PER_TENSOR:
+        if key_cache.dtype not in FP8_DTYPES or k.numel() != 1 or v.numel() != 1:
+            raise ValueError(f"per-tensor scales take fp8 caches and one scale each, not {key_cache.dtype} with "
+                             f"{k.numel()} / {v.numel()} scales")
+        return k, v, 0, 0, 0, KV_PER_TENSOR
+    if scales.mode != KV_PER_TOKEN_HEAD:
+        raise ValueError(f"unknown KV quantization mode {scales.mode}")
+    shape = (key_cache.shape[0], key_cache.shape[1], key_cache.shape[2])
+    if key_cache.dtype not in (torch.int8, *FP8_DTYPES) or k.shape != shape or v.shape != shape \
+            or k.stride() != v.stride():
+        raise ValueError(f"per-token-head scales take int8 / fp8 caches and two scale caches {shape} of one "
+                         f"layout, not {key_cache.dtype} with {tuple(k.shape)} / {tuple(v.shape)}")
+    return k, v, *k.stride(), KV_PER_TOKEN_HEAD
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     block_n: int = 64  # key positions per tile
@@ -162,7 +205,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
                  sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
                  num_splits: int | None = None, workspace: Workspace | None = None,
                  config: LaunchConfig | None = None, policy: SplitPolicy | None = None,
-                 pdl: bool | None = None) -> torch.Tensor:
+                 pdl: bool | None = None, kv_scales: KVScales | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its paged keys and values (see kernels.py).
 
     q ``[B, Hq, D]``; key_cache / value_cache ``[num_blocks, block_size, Hkv, D]`` (vLLM's views; unit stride
@@ -175,10 +218,12 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     policy merges in the kernel at this cap, ``SplitPolicy.merge_max_slices``, compiled to at most
     ``merge_max_registers`` registers where set); each defaults
     to :func:`decode_defaults` for the head size and device. A policy with split_keys = 1 makes every
-    sequence take exactly S slices, as long as it has S keys. Writes and returns ``out`` ``[B, Hq, D]``.
+    sequence take exactly S slices, as long as it has S keys. ``kv_scales``: the caches' scales where they
+    are quantized (:class:`KVScales`; queries stay in their dtype). Writes and returns ``out`` ``[B, Hq, D]``.
     """
     B, Hq, D = q.shape
     page, Hkv = _check(q, key_cache, value_cache)
+    *scale_args, kv_quant = _scale_args(kv_scales, key_cache, q)
     if out is None:
         out = torch.empty_like(q)
     if B == 0:
@@ -209,10 +254,10 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
     _paged_decode_kernel[(B, Hkv, splits)](
         q, q.stride(0), q.stride(1),
         key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), *scale_args,
         block_table, block_table.stride(0), seq_lens, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), part_out, part_lse, count,
-        float(scale), float(softcap), int(window_left), int(policy.split_keys),
+        float(scale), float(softcap), int(window_left), int(policy.split_keys), KV_QUANT=kv_quant,
         SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, MERGE=merge, BLOCK_GM=block_gm, BLOCK_S=merge_block_s,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **capped, **common)
     if splits > 1 and not merge:
@@ -249,29 +294,34 @@ def prefill_config(head_size: int, group: int, device=None) -> tuple[int, Launch
 
 
 def prefill_constexprs(group: int, head_size: int, page: int, block_m: int, config: LaunchConfig, *,
-                       sinks: bool = False, softcap: bool = False, window: bool = False, cuda: bool = True) -> dict:
+                       sinks: bool = False, softcap: bool = False, window: bool = False, cuda: bool = True,
+                       kv_quant: int = KV_PLAIN) -> dict:
     """The ragged prefill kernel's compile-time arguments for a launch of ``block_m`` rows (``group`` query
     heads per KV head, so ``block_m // group`` query positions) and ``config``'s key tile: what
     :func:`paged_prefill` passes, and what a tuner or compile check compiles ahead of time. ``cuda``: the
     tiles before a program's first query position run without the causal mask (``UNMASKED_TILES``; on
-    ROCm every tile keeps it)."""
+    ROCm every tile keeps it). ``kv_quant``: the caches' KV_QUANT (kernels.py)."""
     return dict(G=group, BLOCK_M=block_m, BLOCK_Q=block_m // group, D=head_size,
                 BLOCK_D=triton.next_power_of_2(head_size), PAGE=page, BLOCK_N=config.block_n, HAS_SINKS=sinks,
-                HAS_SOFTCAP=softcap, HAS_WINDOW=window, FP32_DOT=triton_dot.fp32_dot(), UNMASKED_TILES=cuda)
+                HAS_SOFTCAP=softcap, HAS_WINDOW=window, FP32_DOT=triton_dot.fp32_dot(), UNMASKED_TILES=cuda,
+                KV_QUANT=kv_quant)
 
 
 def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
                   seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, out: torch.Tensor | None = None,
                   *, sinks: torch.Tensor | None = None, window_left: int = -1, softcap: float = 0.0,
-                  block_m: int | None = None, config: LaunchConfig | None = None) -> torch.Tensor:
+                  block_m: int | None = None, config: LaunchConfig | None = None,
+                  kv_scales: KVScales | None = None) -> torch.Tensor:
     """Causal attention of ragged query batches (prefill, chunked prefill, mixed) over the paged cache.
 
     q ``[T, Hq, D]`` (request r's tokens at ``query_start_loc[r]:query_start_loc[r + 1]``, the last ones of
-    its ``seq_lens[r]`` positions); caches, block table, sinks, window and soft-cap as in :func:`paged_decode`.
-    The new tokens' keys and values must already be in the cache. Writes and returns ``out`` ``[T, Hq, D]``.
+    its ``seq_lens[r]`` positions); caches, block table, sinks, window, soft-cap and ``kv_scales`` as in
+    :func:`paged_decode`. The new tokens' keys and values must already be in the cache. Writes and returns
+    ``out`` ``[T, Hq, D]``.
     """
     T, Hq, D = q.shape
     page, Hkv = _check(q, key_cache, value_cache)
+    *scale_args, kv_quant = _scale_args(kv_scales, key_cache, q)
     if out is None:
         out = torch.empty_like(q)
     R = seq_lens.shape[0]
@@ -284,10 +334,10 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     _paged_prefill_kernel[(T // bq + R, Hkv)](
         q, q.stride(0), q.stride(1),
         key_cache, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        value_cache, value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), *scale_args,
         block_table, block_table.stride(0), seq_lens, query_start_loc, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), R, float(scale), float(softcap), int(window_left),
         **prefill_constexprs(G, D, page, bm, cfg, sinks=sinks is not None, softcap=softcap > 0,
-                             window=window_left >= 0, cuda=torch.version.hip is None),
+                             window=window_left >= 0, cuda=torch.version.hip is None, kv_quant=kv_quant),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

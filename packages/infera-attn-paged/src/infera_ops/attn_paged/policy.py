@@ -41,7 +41,12 @@ from infera_vllm.switches import op_value
 
 HEAD_SIZES = (64, 80, 96, 128, 256)
 DTYPES = (torch.bfloat16, torch.float16)
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+PLAIN_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+# quantized caches the kernels read (kernels.py, Quantized KV caches) -> launch.py's KV_QUANT: fp8 with one scale
+# per cache (the checkpoint's k_scale / v_scale, or 1.0), int8 / fp8 with a scale per (token, head) in TRITON_ATTN's
+# inline scale slots. int4_per_token_head (packed, rotated, zero points) is not read: ``kv-cache-dtype``.
+QUANTIZED_KV_CACHE_DTYPES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8_per_token_head": 2, "fp8_per_token_head": 2}
+KV_CACHE_DTYPES = (*PLAIN_KV_CACHE_DTYPES, *QUANTIZED_KV_CACHE_DTYPES)
 # By design, not capability limits: coverage route "handover" (strict mode lets them through). Every other
 # reason is a capability the kernels lack, counted as a fallback, which INFERA_VLLM_STRICT=1 refuses.
 HANDOVERS = ("prefill-handover",)
@@ -58,10 +63,13 @@ def prefill_route() -> str:
     return op_value(SPEC, "INFERA_ATTN_PAGED_PREFILL")
 
 
-def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
+def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int, kv_cache_dtype: str = "auto") -> bool:
     """Does FA3 take this layer's prefill and mixed batches? ``fa3_reason`` is None where vLLM's FA3 runs here
-    (backend.fa3_unavailable), else why not; FA3 takes head sizes up to 256 in multiples of 8."""
-    return route in ("auto", "fa3") and fa3_reason is None and head_size % 8 == 0 and head_size <= 256
+    (backend.fa3_unavailable), else why not; FA3 takes head sizes up to 256 in multiples of 8, and plain caches
+    only here: it reads an fp8 cache with fp8 queries alone (both products in fp8), and this backend keeps the
+    queries in bf16, so a quantized cache's prefills run on the ragged kernel."""
+    return (route in ("auto", "fa3") and fa3_reason is None and head_size % 8 == 0 and head_size <= 256
+            and not kv_quant(kv_cache_dtype))
 
 
 # GPU families where the backend is vLLM's automatic attention choice without INFERA_ATTN_PAGED_DEFAULT: those
@@ -69,6 +77,33 @@ def prefill_on_fa3(route: str, fa3_reason: str | None, head_size: int) -> bool:
 # table of each op's defaults, names the runs). sm90: `faster` on all six models of the H200 matrix
 # (benchmarks/results/h200/validation/validation.json, each model's newest entry).
 AUTOMATIC_BY_DEFAULT: tuple[str, ...] = ("sm90",)
+
+
+# GPU families where a layer with a quantized KV cache also takes the backend as vLLM's automatic choice (where
+# the backend is that choice at all): none yet, as no family's validation matrix has judged a quantized cache.
+# Elsewhere such layers keep vLLM's choice (FLASH_ATTN on sm90 for fp8) unless --attention-backend CUSTOM.
+AUTOMATIC_QUANTIZED_KV: tuple[str, ...] = ()
+
+
+# Families whose launch sizes spill with a quantized cache's tiles (the extra conversions and, per token-head,
+# the scale vectors), by KV_QUANT mode: such layers stay on vLLM's attention (``kv-cache-dtype-on-family``)
+# until launch sizes that fit are found there (tests/test_attn_paged_compile.py compiles every variant on every
+# family and requires a fit wherever the op serves it). sm90 fits every variant.
+QUANTIZED_KV_SPILLS = {"gfx942": (2,), "gfx950": (2,), "gfx1100": (1, 2), "gfx1151": (1, 2), "gfx1201": (1, 2)}
+
+
+def declined_kv_quant(kv_cache_dtype: str, family: str) -> str | None:
+    """Why the family does not read this quantized cache (its launches spill), or None."""
+    mode = kv_quant(kv_cache_dtype)
+    if mode and mode in QUANTIZED_KV_SPILLS.get(family, ()):
+        return (f"{kv_cache_dtype} caches: the kernels' launch sizes on {family} spill registers there "
+                "(tests/test_attn_paged_compile.py)")
+    return None
+
+
+def kv_quant(kv_cache_dtype: str) -> int:
+    """launch.py's KV_QUANT for vLLM's ``kv_cache_dtype``: 0 plain, 1 fp8 per cache, 2 per (token, head)."""
+    return QUANTIZED_KV_CACHE_DTYPES.get(kv_cache_dtype, 0)
 
 
 def platform_default(family: str | None) -> bool:
@@ -89,13 +124,15 @@ def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slo
     if alibi_slopes is not None or use_alibi_sqrt:
         return "alibi"
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        return "kv-cache-dtype"  # fp8 / int8 / int4 KV caches
+        return "kv-cache-dtype"  # int4_per_token_head and dtypes TRITON_ATTN does not name
     if head_size not in HEAD_SIZES:
         return "head-size"
     if chunk_lookback != -1:
         return "chunked-local"
     if family is not None and declined_head_size(head_size, family) is not None:
         return "head-size-on-family"
+    if family is not None and declined_kv_quant(kv_cache_dtype, family) is not None:
+        return "kv-cache-dtype-on-family"
     return None
 
 
@@ -104,8 +141,13 @@ def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None, famil
     type, head size, KV-cache dtype; a head size the family's tuning file declines): where the backend would
     be vLLM's automatic choice, such a layer keeps vLLM's own choice (FA3 on Hopper) instead of the Triton
     parent the kernel would hand it to. ALiBi and chunked-local attention show only when the layer is built:
-    those stay counted declines to the parent."""
-    return layer_decline(attn_type or "decoder", head_size, kv_cache_dtype or "auto", None, False, -1, family)
+    those stay counted declines to the parent. A quantized KV cache the kernels read keeps vLLM's choice too
+    outside ``AUTOMATIC_QUANTIZED_KV`` (``kv-cache-dtype-opt-in``: served under --attention-backend CUSTOM)."""
+    kv_cache_dtype = kv_cache_dtype or "auto"
+    why = layer_decline(attn_type or "decoder", head_size, kv_cache_dtype, None, False, -1, family)
+    if why is None and kv_quant(kv_cache_dtype) and family not in AUTOMATIC_QUANTIZED_KV:
+        return "kv-cache-dtype-opt-in"
+    return why
 
 
 def is_decode(max_query_len: int, num_actual_tokens: int, num_seqs: int) -> bool:

@@ -207,7 +207,8 @@ def fa3_schedule_builder(kv_cache_spec, layer_names, vllm_config, device, head_s
     short prefill, run eagerly, pays 32-48 times a step). None where FA3 takes no prefills of this backend
     (another platform or route, :func:`policy.prefill_on_fa3`), and where vLLM's builder cannot be built here
     (logged: FA3 then schedules inside each call, as before)."""
-    if not policy.prefill_on_fa3(policy.prefill_route(), fa3_unavailable(), head_size):
+    if not policy.prefill_on_fa3(policy.prefill_route(), fa3_unavailable(), head_size,
+                                 vllm_config.cache_config.cache_dtype):
         return None
     try:
         from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
@@ -262,15 +263,23 @@ class InferaAttentionImpl(TritonAttentionImpl):
             getattr(self, "use_alibi_sqrt", False), getattr(self, "chunk_lookback", -1), _family())
         self._infera_window = self.sliding_window[0] if self.sliding_window[0] >= 0 else -1
         self._infera_softcap = float(self.logits_soft_cap or 0.0)
+        self._infera_kv_quant = policy.kv_quant(self.kv_cache_dtype)
         route = policy.prefill_route()  # validated when the op activated
-        if policy.prefill_on_fa3(route, fa3_unavailable(), self.head_size):
+        if policy.prefill_on_fa3(route, fa3_unavailable(), self.head_size, self.kv_cache_dtype):
             self._infera_prefill = policy.FA3
         else:
             self._infera_prefill = "triton" if route == "triton" else "kernel"
-        # the self-check's stand-in for vLLM: FA3 wherever it runs this layer, whatever the prefill route
-        self._infera_fa3_reference = policy.prefill_on_fa3("fa3", fa3_unavailable(), self.head_size)
+        # the self-check's stand-in for vLLM: FA3 wherever it runs this layer, whatever the prefill route (for a
+        # quantized cache TRITON_ATTN's forward: FA3 would quantize the queries)
+        self._infera_fa3_reference = policy.prefill_on_fa3("fa3", fa3_unavailable(), self.head_size,
+                                                           self.kv_cache_dtype)
         if self._infera_layer_decline is not None:
             _count(self._infera_layer_decline, None, "plan")
+        elif self._infera_kv_quant:
+            # the kernels read a quantized cache with the queries in the model's dtype: vLLM's attention layer
+            # quantizes the queries to fp8 only for an implementation that says it takes them so (read when the
+            # layer is built, after this)
+            self.supports_quant_query_input = False
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):
@@ -324,7 +333,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
             with _check.timed(bucket):
                 theirs = self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata,
                                             torch.empty_like(output), decode)
-        self._kernel(query, kv_cache, attn_metadata, output, decode, splits, workspace)
+        self._kernel(layer, query, kv_cache, attn_metadata, output, decode, splits, workspace)
         _check.perturb(output[:rows])
         if checking:  # on a mismatch the call returns vLLM's result
             if one_key or (not bool(output[:rows].any()) and not bool(theirs[:rows].any())):  # or an empty cache
@@ -342,19 +351,36 @@ class InferaAttentionImpl(TritonAttentionImpl):
             _count(None if agreed else self_check.MISMATCH, tokens, "call")
         return output
 
-    def _kernel(self, query, kv_cache, md, output, decode: bool, splits: int, workspace):
-        """The decode or ragged prefill kernel on this call, into ``output``."""
+    def _caches(self, layer, kv_cache) -> tuple[torch.Tensor, torch.Tensor, launch.KVScales | None]:
+        """(key cache, value cache, scales) as the kernels read them: the ``[num_blocks, block_size, Hkv, D]``
+        views of vLLM's KV tensor, and where it is quantized, typed as TRITON_ATTN types them (fp8 as the
+        platform's fp8 dtype, which TRITON_ATTN's write stores for every fp8 cache dtype) with its scales: the
+        layer's per-tensor ``_k_scale`` / ``_v_scale``, or the per-(token, head) scale caches TRITON_ATTN
+        carves from each head's padding (``_pth_key_value_caches``; data views cut to the head size)."""
+        if self._infera_kv_quant == launch.KV_PER_TOKEN_HEAD:
+            key_cache, value_cache = self._pth_key_value_caches(kv_cache)
+            return (key_cache[..., :self.head_size], value_cache[..., :self.head_size],
+                    launch.KVScales(launch.KV_PER_TOKEN_HEAD, self._k_scale_cache, self._v_scale_cache))
         key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        if self._infera_kv_quant == launch.KV_PER_TENSOR:
+            if key_cache.dtype != self.fp8_dtype:
+                key_cache, value_cache = key_cache.view(self.fp8_dtype), value_cache.view(self.fp8_dtype)
+            return key_cache, value_cache, launch.KVScales(launch.KV_PER_TENSOR, layer._k_scale, layer._v_scale)
+        return key_cache, value_cache, None
+
+    def _kernel(self, layer, query, kv_cache, md, output, decode: bool, splits: int, workspace):
+        """The decode or ragged prefill kernel on this call, into ``output``."""
+        key_cache, value_cache, scales = self._caches(layer, kv_cache)
         if decode:
             n = md.seq_lens.shape[0]
             launch.paged_decode(query[:n], key_cache, value_cache, md.block_table, md.seq_lens, self.scale, output[:n],
                                 sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap,
-                                num_splits=splits, workspace=workspace)
+                                num_splits=splits, workspace=workspace, kv_scales=scales)
         else:
             n = md.num_actual_tokens
             launch.paged_prefill(query[:n], key_cache, value_cache, md.block_table, md.seq_lens, md.query_start_loc,
                                  self.scale, output[:n], sinks=self.sinks, window_left=self._infera_window,
-                                 softcap=self._infera_softcap)
+                                 softcap=self._infera_softcap, kv_scales=scales)
 
     def _on_filled_blocks(self, layer, query, key, value, kv_cache, md, output, decode: bool, splits: int,
                           workspace, rows: int, bucket: str, lengthen: bool = False):
@@ -365,7 +391,7 @@ class InferaAttentionImpl(TritonAttentionImpl):
         H200 such checks against FA3 gave an error of exactly 0: a comparison that cannot fail). ``lengthen``
         (a decode batch): every sequence also takes CHECK_KEYS keys, or as many as its block-table row holds
         if fewer, so that a check of one-key sequences compares a softmax, not a copy."""
-        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        key_cache, value_cache, _ = self._caches(layer, kv_cache)
         if lengthen:
             md = copy.copy(md)
             keys = min(CHECK_KEYS, md.block_table.shape[1] * key_cache.shape[1])
@@ -379,12 +405,14 @@ class InferaAttentionImpl(TritonAttentionImpl):
         query = torch.randn(query.shape, generator=gen, device=query.device, dtype=torch.float32).to(query.dtype)
         try:
             for cache in (key_cache, value_cache):
-                cache[blocks] = torch.randn(cache[blocks].shape, generator=gen, device=cache.device,
-                                            dtype=torch.float32).to(cache.dtype)
+                noise = torch.randn(cache[blocks].shape, generator=gen, device=cache.device, dtype=torch.float32)
+                # int8 elements (per-token-head caches, whose scales stay as written) span their range
+                cache[blocks] = (noise * 40).clamp(-127, 127).round().to(cache.dtype) if cache.dtype == torch.int8 \
+                    else noise.to(cache.dtype)
             with _check.timed(bucket):
                 theirs = self._vllm_forward(layer, query, key, value, kv_cache, md, torch.empty_like(output), decode)
             ours = torch.empty_like(output)
-            self._kernel(query, kv_cache, md, ours, decode, splits, workspace)
+            self._kernel(layer, query, kv_cache, md, ours, decode, splits, workspace)
             _check.perturb(ours[:rows])
         finally:
             key_cache[blocks], value_cache[blocks] = saved
@@ -399,8 +427,9 @@ class InferaAttentionImpl(TritonAttentionImpl):
             return self._fa3_forward(query, kv_cache, md, output)
         if vllm_triton_runs():
             return super().forward(layer, query, key, value, kv_cache, md, output)
-        key_cache, value_cache = kv_views(kv_cache, self.head_size)
-        common = dict(sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap)
+        key_cache, value_cache, scales = self._caches(layer, kv_cache)
+        common = dict(sinks=self.sinks, window_left=self._infera_window, softcap=self._infera_softcap,
+                      kv_scales=scales)
         if decode:
             n = md.seq_lens.shape[0]
             ref = reference.paged_decode_reference(query[:n], key_cache, value_cache, md.block_table, md.seq_lens,
@@ -439,25 +468,35 @@ class InferaAttentionImpl(TritonAttentionImpl):
         where the build has it; under CUDA-graph capture, and where the build lacks it, the parent's Triton
         write (the faster kernel on the device: 1.5 against 2.1 us per decode layer on the H200, and a
         replayed graph pays no launch cost); on the CPU (validation under the interpreter: vLLM's CPU build
-        disables its Triton kernels) the same write as a torch index-put. A layer the backend declined keeps
-        the parent's write (its KV-cache dtype may be one only that write stores)."""
+        disables its Triton kernels) the same write as a torch index-put (reference.quantize_* for a quantized
+        cache). A layer the backend declined keeps the parent's write (its KV-cache dtype may be one only that
+        write stores), and so does a quantized cache on GPUs: TRITON_ATTN's write is what its own forward, the
+        per-batch fallback, reads (it stores every fp8 cache dtype as the platform's fp8 type, where the compiled
+        write would store ``fp8_e5m2`` as e5m2)."""
         if self._infera_layer_decline is not None:
             return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         if kv_cache.device.type != "cpu":
             write = compiled_cache_write()
-            if write is None or torch.cuda.is_current_stream_capturing():
+            if write is None or self._infera_kv_quant or torch.cuda.is_current_stream_capturing():
                 return super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
             # the slot mapping's length is the token count: key and value may be padded beyond it
             write(key, value, *kv_views(kv_cache, self.head_size), slot_mapping, self.kv_cache_dtype,
                   layer._k_scale, layer._v_scale)
             return None
-        key_cache, value_cache = kv_views(kv_cache, self.head_size)
+        key_cache, value_cache, scales = self._caches(layer, kv_cache)
         n = slot_mapping.shape[0]
         live = slot_mapping >= 0  # padded tokens carry slot -1
         slots = slot_mapping[live]
-        page = key_cache.shape[1]
-        key_cache[slots // page, slots % page] = key[:n][live].to(key_cache.dtype)
-        value_cache[slots // page, slots % page] = value[:n][live].to(value_cache.dtype)
+        at = slots // key_cache.shape[1], slots % key_cache.shape[1]
+        new_keys, new_values = key[:n][live], value[:n][live]
+        if scales is None:
+            key_cache[at], value_cache[at] = new_keys.to(key_cache.dtype), new_values.to(value_cache.dtype)
+        elif scales.mode == launch.KV_PER_TENSOR:
+            key_cache[at] = reference.quantize_per_tensor(new_keys, scales.k, key_cache.dtype)
+            value_cache[at] = reference.quantize_per_tensor(new_values, scales.v, value_cache.dtype)
+        else:
+            key_cache[at], scales.k[at] = reference.quantize_per_token_head(new_keys, key_cache.dtype)
+            value_cache[at], scales.v[at] = reference.quantize_per_token_head(new_values, value_cache.dtype)
 
 
 def make_platform_default(op_name: str) -> None:
