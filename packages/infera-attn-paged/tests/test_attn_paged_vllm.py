@@ -477,7 +477,8 @@ def choose(**kw):
     cfg = AttentionSelectorConfig(**{k: v for k, v in {**base, **kw}.items() if k in fields})
     return current_platform.get_attn_backend_cls(None, attn_selector_config=cfg, num_heads=8)
 print("RESULT" + json.dumps({"auto": choose(), "bad_head": choose(head_size=8), "fp8_kv": choose(kv_cache_dtype="fp8"),
-                            "head_32": choose(head_size=32), "encoder": choose(attn_type="encoder_only")}))
+                            "int4_kv": choose(kv_cache_dtype="int4_per_token_head"), "head_32": choose(head_size=32),
+                            "encoder": choose(attn_type="encoder_only")}))
 """
 
 
@@ -485,7 +486,8 @@ def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
     """INFERA_ATTN_PAGED_DEFAULT=1: vLLM's own selector returns the backend when nothing was selected and it
     validates for the layer; a layer it cannot take (head size 8: Triton's validation refuses) gets vLLM's
     own choice, and so does a layer Triton's validation accepts but the kernel would hand to the Triton parent
-    (fp8 KV cache, head size 32, encoder-only attention). Without the switch vLLM's choice is untouched."""
+    (an int4 KV cache, head size 32, encoder-only attention). A quantized cache the kernels read (fp8) takes
+    the backend under the explicit switch. Without the switch vLLM's choice is untouched."""
     from infera_vllm.testing import result_json, run_script
 
     env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_REPORT_DIR": str(tmp_path)}
@@ -494,8 +496,9 @@ def test_platform_default_switch_makes_it_vllms_automatic_choice(tmp_path):
     assert on["bad_head"] != on["auto"]
     off = result_json(run_script(PLATFORM_DEFAULT, env=env))
     assert off["auto"] != on["auto"] and "infera" not in off["auto"]
-    for declined in ("fp8_kv", "head_32", "encoder"):  # validated by Triton, declined by the kernel
+    for declined in ("int4_kv", "head_32", "encoder"):  # validated by Triton, declined by the kernel
         assert on[declined] == off[declined] and "infera" not in on[declined], declined
+    assert on["fp8_kv"] == on["auto"] and "infera" not in off["fp8_kv"]
 
 
 # the plugin's GPU family read as sm90 (the H200's), in a process on the CPU build
@@ -511,7 +514,7 @@ def test_on_a_family_it_was_validated_for_it_is_the_automatic_choice_unless_turn
     env = {"INFERA_VLLM_OPS": "attn-paged", "INFERA_VLLM_REPORT_DIR": str(tmp_path)}
     unset = result_json(run_script(AS_SM90 + PLATFORM_DEFAULT, env=env))
     assert unset["auto"] == "infera_ops.attn_paged.seam.InferaAttentionBackend"
-    assert "infera" not in unset["fp8_kv"]
+    assert "infera" not in unset["fp8_kv"]  # a quantized cache: not the family's default until its matrix judges it
     off = result_json(run_script(AS_SM90 + PLATFORM_DEFAULT, env={**env, "INFERA_ATTN_PAGED_DEFAULT": "0"}))
     assert "infera" not in off["auto"]
 

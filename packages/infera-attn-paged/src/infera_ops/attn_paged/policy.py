@@ -136,16 +136,25 @@ def layer_decline(attn_type: str, head_size: int, kv_cache_dtype: str, alibi_slo
     return None
 
 
-def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None, family: str) -> str | None:
+def default_explicit() -> bool:
+    """Whether ``INFERA_ATTN_PAGED_DEFAULT`` was set to on (not left unset, where the family decides)."""
+    raw = os.environ.get("INFERA_ATTN_PAGED_DEFAULT")
+    return bool(raw is not None and raw.strip() and op_value(SPEC, "INFERA_ATTN_PAGED_DEFAULT"))
+
+
+def default_decline(attn_type, head_size: int, kv_cache_dtype: str | None, family: str,
+                    explicit: bool = False) -> str | None:
     """The reasons of :func:`layer_decline` that vLLM's backend selector already knows for a layer (attention
     type, head size, KV-cache dtype; a head size the family's tuning file declines): where the backend would
     be vLLM's automatic choice, such a layer keeps vLLM's own choice (FA3 on Hopper) instead of the Triton
     parent the kernel would hand it to. ALiBi and chunked-local attention show only when the layer is built:
     those stay counted declines to the parent. A quantized KV cache the kernels read keeps vLLM's choice too
-    outside ``AUTOMATIC_QUANTIZED_KV`` (``kv-cache-dtype-opt-in``: served under --attention-backend CUSTOM)."""
+    where the backend is the automatic choice by its family (``explicit`` False: the switch unset) outside
+    ``AUTOMATIC_QUANTIZED_KV`` (``kv-cache-dtype-opt-in``: served under --attention-backend CUSTOM, or with
+    ``INFERA_ATTN_PAGED_DEFAULT=1``, the CPU platform's only way in)."""
     kv_cache_dtype = kv_cache_dtype or "auto"
     why = layer_decline(attn_type or "decoder", head_size, kv_cache_dtype, None, False, -1, family)
-    if why is None and kv_quant(kv_cache_dtype) and family not in AUTOMATIC_QUANTIZED_KV:
+    if why is None and kv_quant(kv_cache_dtype) and not explicit and family not in AUTOMATIC_QUANTIZED_KV:
         return "kv-cache-dtype-opt-in"
     return why
 

@@ -513,6 +513,7 @@ def make_platform_default(op_name: str) -> None:
     from infera_vllm import log, seams
 
     logged: set[str] = set()
+    explicit = policy.default_explicit()
 
     def make(original):
         def get_attn_backend_cls(cls, selected_backend, attn_selector_config, *args, **kwargs):
@@ -522,7 +523,7 @@ def make_platform_default(op_name: str) -> None:
                 if not reasons:
                     decline = policy.default_decline(getattr(attn_selector_config, "attn_type", None),
                                                      attn_selector_config.head_size,
-                                                     attn_selector_config.kv_cache_dtype, _family())
+                                                     attn_selector_config.kv_cache_dtype, _family(), explicit)
                     if decline is None:
                         return f"{InferaAttentionBackend.__module__}.{InferaAttentionBackend.__qualname__}"
                     reasons = [f"{decline}: the kernel would hand every call to TRITON_ATTN's implementation"]
