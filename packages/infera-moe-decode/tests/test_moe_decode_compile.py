@@ -37,7 +37,8 @@ pytestmark = pytest.mark.aot_compile
 
 POINTERS = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "topk_ids_ptr": "*i32",
             "topk_weights_ptr": "*fp32", "part_ptr": "*fp32", "act_ptr": "*bf16", "y_ptr": "*fp32",
-            "rows_ptr": "*fp32", "out_ptr": "*bf16", "sync_ptr": "*i32", "count_ptr": "*i32"}
+            "rows_ptr": "*fp32", "out_ptr": "*bf16", "sync_ptr": "*i32", "count_ptr": "*i32",
+            "s13_ptr": "*fp32", "s2_ptr": "*fp32"}
 DIVISIBLE = {"H", "I", "COLS"}  # hidden and expert sizes and gate/up columns per program: multiples of 16
 TOKENS = 16  # the largest decode call the op serves: BLOCK_M 16, BLOCK_MK 128 (top-8)
 
@@ -102,7 +103,7 @@ def compile_cases(family: str) -> list[aot.Case]:
         elif cfg.form == "split_sum":
             cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", settings, dict(common, constexprs=dict(
                 tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=False,
-                PREFETCH_BLOCK=launch.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=False)),
+                PREFETCH_BLOCK=launch.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=False, W_SCALED=False)),
                 known_misfit=KNOWN_MISFITS.get((family, f"gate/up {label}"))))
             # the launch's own share count, and the in-kernel merge at 4 shares (the tuner's sweep has it)
             for split_i in sorted({cfg.split_i, 4}):
@@ -112,7 +113,8 @@ def compile_cases(family: str) -> list[aot.Case]:
                                       f"w{cfg.num_warps} s{cfg.num_stages}",
                                       dict(common, constexprs=dict(BLOCK_T=8, BLOCK_N=cfg.block_n,
                                                                    BLOCK_K=cfg.block_k, SPLIT_I=split_i,
-                                                                   FP32_DOT=False, USE_PDL=pdl))))
+                                                                   FP32_DOT=False, USE_PDL=pdl,
+                                                                   W_SCALED=False))))
             continue  # the down kernel writes the sums: no row-sum launch
         else:
             prefetch = cfg.prefetch_down and pdl_family
@@ -121,16 +123,45 @@ def compile_cases(family: str) -> list[aot.Case]:
             cases.append(aot.Case(_moe_gate_up_kernel, f"gate/up {label}", settings + (" early-down" if early else ""),
                                   dict(common, constexprs=dict(
                                       tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=prefetch,
-                                      PREFETCH_BLOCK=launch.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=early))))
+                                      PREFETCH_BLOCK=launch.PREFETCH_BLOCK, USE_PDL=pdl, EARLY_DOWN=early,
+                                      W_SCALED=False))))
             cases.append(aot.Case(_moe_down_kernel, f"down {label}", f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} "
                                   f"w{cfg.num_warps} s{cfg.num_stages}" + (" early-down" if early else ""),
                                   dict(common, constexprs=dict(tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                                               USE_PDL=pdl, EARLY_DOWN=early))))
+                                                               USE_PDL=pdl, EARLY_DOWN=early, W_SCALED=False))))
         cases.append(aot.Case(_row_sum_kernel, f"row sum {label}", f"BLOCK_R={launch.SUM_BLOCK_R} "
                               f"BLOCK_N={launch.SUM_BLOCK_N}", dict(pointers=POINTERS, divisible=DIVISIBLE,
                                                                     constexprs=dict(BLOCK_R=launch.SUM_BLOCK_R,
                                                                                     BLOCK_N=launch.SUM_BLOCK_N,
                                                                                     USE_PDL=pdl))))
+    return cases + fp8_cases(family)
+
+
+def fp8_dtype(family: str) -> str:
+    """The family's FP8 weights (``current_platform.fp8_dtype()``): e4m3fnuz on gfx942, e4m3fn elsewhere."""
+    return "*fp8e4b8" if family == "gfx942" else "*fp8e4nv"
+
+
+def fp8_cases(family: str) -> list[aot.Case]:
+    """The FP8 experts' launches (W_SCALED): the family's FP8 launches (policy.fp8_launches), both kernels of
+    each."""
+    pointers = dict(POINTERS, w13_ptr=fp8_dtype(family), w2_ptr=fp8_dtype(family))
+    cases = []
+    for label, cfg in policy.fp8_launches(family):
+        common = dict(pointers=pointers, divisible=DIVISIBLE, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        tiles = dict(BLOCK_MK=block_mk(TOKENS * 8), BLOCK_M=block_m(TOKENS), FP32_DOT=False)
+        settings = f"{cfg.form} BLOCK_I={cfg.block_i} BLOCK_H={cfg.block_h} w{cfg.num_warps} s{cfg.num_stages}"
+        cases.append(aot.Case(_moe_gate_up_kernel, f"fp8 gate/up {label}", settings, dict(common, constexprs=dict(
+            tiles, BLOCK_I=cfg.block_i, BLOCK_H=cfg.block_h, PREFETCH_DOWN=False, PREFETCH_BLOCK=launch.PREFETCH_BLOCK,
+            USE_PDL=False, EARLY_DOWN=False, W_SCALED=True))))
+        down = f"BLOCK_N={cfg.block_n} BLOCK_K={cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+        if cfg.form == "split_sum":
+            cases.append(aot.Case(_moe_down_sum_kernel, f"fp8 down-sum {label}", down, dict(common, constexprs=dict(
+                BLOCK_T=8, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_I=cfg.split_i, FP32_DOT=False,
+                USE_PDL=False, W_SCALED=True))))
+        else:
+            cases.append(aot.Case(_moe_down_kernel, f"fp8 down {label}", down, dict(common, constexprs=dict(
+                tiles, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_PDL=False, EARLY_DOWN=False, W_SCALED=True))))
     return cases
 
 

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from infera_ops.moe_decode import reference
 from infera_ops.moe_decode.reference import moe_experts_reference
 
 pytestmark = pytest.mark.interpret
@@ -255,3 +256,76 @@ def test_qwen3_moe_dims_on_the_gpu(M, form, per_sm, early, fill):
                               fill_per_sm=fill, split_i=per_sm if form == "split_sum" else 1)
     launch.moe_experts(x, w13, w2, weights, ids, out=out, config=cfg)
     _check(out, moe_experts_reference(x, w13, w2, weights, ids), torch.bfloat16)
+
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def _quantize(w, scheme, block=None):
+    """``w`` [E, N, K] as FP8 with fp32 scales (amax / fp8 max per group, as vLLM's quantization), then the
+    scales times a random factor in [0.5, 2) so that none is a power of two or 1."""
+    E, N, K = w.shape
+    if scheme == "block":
+        bn, bk = block
+        pad = torch.zeros(E, -(-N // bn) * bn, -(-K // bk) * bk)
+        pad[:, :N, :K] = w
+        groups = pad.reshape(E, pad.shape[1] // bn, bn, pad.shape[2] // bk, bk).abs().amax(dim=(2, 4))
+        scale = groups.clamp(min=1e-6) / FP8_MAX
+        full = scale.repeat_interleave(bn, 1)[:, :N].repeat_interleave(bk, 2)[:, :, :K]
+    else:
+        rows = {"tensor": 1, "half": 2, "channel": N}[scheme]
+        scale = w.reshape(E, rows, -1).abs().amax(dim=2) / FP8_MAX
+        full = scale.repeat_interleave(N // rows, 1)[:, :, None]
+        scale = scale.reshape(E) if scheme == "tensor" else scale
+    q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale.float()
+
+
+def _fp8_case(M, H, I, E, topk, scheme, block, seed):
+    x, w13, w2, ids, weights = _case(M, H, I, E, topk, torch.float32, seed)
+    q13, s13 = _quantize(w13.cpu(), scheme, block)
+    q2, s2 = _quantize(w2.cpu(), "tensor" if scheme == "half" else scheme, block)
+    gen = torch.Generator().manual_seed(seed + 1)
+    s13 = s13 * (0.5 + 1.5 * torch.rand(s13.shape, generator=gen))
+    s2 = s2 * (0.5 + 1.5 * torch.rand(s2.shape, generator=gen))
+    scales = launch.ExpertScales(s13.to(DEVICE), s2.to(DEVICE), block)
+    return x.to(torch.bfloat16), q13.to(DEVICE), q2.to(DEVICE), ids, weights, scales
+
+
+FP8_FORMS = pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT_SUM, SMALL_SPLIT_SUM_I],
+                                    ids=["split", "split_sum", "split_sum_i"])
+
+
+@pytest.mark.parametrize("M, H, I, E, topk, scheme, block", [
+    (1, 96, 40, 8, 8, "block", (32, 32)), (5, 100, 56, 5, 2, "block", (16, 64)), (3, 64, 48, 7, 3, "tensor", None),
+    (2, 72, 24, 3, 2, "half", None), (16, 48, 40, 5, 4, "channel", None)])
+@FP8_FORMS
+def test_fp8_experts(M, H, I, E, topk, scheme, block, config):
+    """FP8 weights (128 x 128-style blocks at test sizes with ragged edges, per tensor, gate and up halves
+    apart, per channel) with scales != 1 against the fp32 reference over the dequantized weights; a kernel
+    that dropped either projection's scales, or read one group's scale for another, fails."""
+    x, q13, q2, ids, weights, scales = _fp8_case(M, H, I, E, topk, scheme, block, seed=M * 100 + H)
+    out = torch.full((M, H), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    launch.moe_experts(x, q13, q2, weights, ids, out=out, config=config, scales=scales)
+    ref = moe_experts_reference(x, reference.dequantize_experts(q13, scales.w13, block),
+                                reference.dequantize_experts(q2, scales.w2, block), weights, ids)
+    _check(out, ref, torch.bfloat16)
+
+
+def test_fp8_refusals():
+    """What the FP8 launch cannot read is refused, not computed wrong: a form without scaled weights, scales of
+    another layout or dtype, FP8 weights without scales, scale groups no reduction chunk fits in."""
+    x, q13, q2, ids, weights, scales = _fp8_case(2, 64, 32, 4, 2, "block", (32, 32), seed=9)
+    with pytest.raises(ValueError, match="form"):
+        launch.moe_experts(x, q13, q2, weights, ids, config=SMALL_FUSED, scales=scales)
+    with pytest.raises(ValueError, match="block scales"):
+        launch.moe_experts(x, q13, q2, weights, ids, config=SMALL, scales=scales._replace(block=(16, 32)))
+    with pytest.raises(ValueError, match="fp32"):
+        launch.moe_experts(x, q13, q2, weights, ids, config=SMALL, scales=scales._replace(w2=scales.w2.half()))
+    with pytest.raises(ValueError, match="scales"):
+        launch.moe_experts(x, q13, q2, weights, ids, config=SMALL)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        launch.chunk_within(128, 24, 1)
+    assert launch.chunk_within(128, 96, 1) == 32 and launch.chunk_within(64, 128, 1) == 64
+    assert launch.chunk_within(64, 1, 0) == 64  # one group along the reduction: any chunk

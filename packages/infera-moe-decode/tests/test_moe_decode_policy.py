@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from infera_ops.moe_decode import policy
+from infera_ops.moe_decode import launch, policy
 
 
 def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
@@ -29,11 +29,52 @@ def _args(M=4, H=64, I=32, E=4, dtype=torch.bfloat16, **over):
     ({"expert_map": torch.arange(4).view(2, 2)}, "expert-map"),
     ({"apply_router_weight_on_input": True}, "router-weight-on-input"),
     ({"w1_bias": torch.zeros(4, 64)}, "bias"),
-    ({"a1q_scale": torch.ones(1)}, "weight-dtype"),
+    ({"a1q_scale": torch.ones(1)}, "quantized-activations"),
 ])
 def test_policy_decisions(over, reason):
     shape = {k: over.pop(k) for k in ("M", "dtype") if k in over}
     assert policy.decline_reason(**_args(**shape, **over)) == reason
+
+
+def _fp8(**over):
+    args = _args()
+    E, two_i, H = args["w1"].shape
+    args.update(w1=args["w1"].to(torch.float8_e4m3fn), w2=args["w2"].to(torch.float8_e4m3fn),
+                scales=launch.ExpertScales(torch.rand(E, two_i // 32, H // 32), torch.rand(E, H // 32, two_i // 64),
+                                           (32, 32)))
+    args.update(over)
+    return args
+
+
+def test_fp8_policy_decisions():
+    """FP8 weights with block scales are served; without scales they are another dtype; scales of a layout the
+    kernels cannot read, or of another dtype, decline; a family with no FP8 tuning hands them over."""
+    assert policy.decline_reason(**_fp8()) is None
+    assert policy.decline_reason(**_fp8(scales=None)) == "weight-dtype"
+    bad = _fp8()["scales"]
+    assert policy.decline_reason(**_fp8(scales=bad._replace(block=(16, 32)))) == "weight-scales"
+    assert policy.decline_reason(**_fp8(scales=bad._replace(w2=bad.w2.half()))) == "weight-scales"
+    assert policy.decline_reason(**_fp8(scales=bad._replace(block=(32, 24)))) == "weight-scales"
+    assert policy.decline_reason(**_fp8(serves=None)) == "fp8-not-tuned"
+    assert policy.decline_reason(**_fp8(a1q_scale=torch.ones(1))) == "quantized-activations"
+
+
+def test_fp8_tuning_section(tmp_path, monkeypatch):
+    """The file's "fp8" section is FP8 layers' own tuning, in the split forms only; without one FP8 layers are
+    not tuned unless the threshold is set."""
+    monkeypatch.delenv("INFERA_MOE_DECODE_MAX_TOKENS", raising=False)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"max_tokens": 4, "fp8": {"max_tokens": 8, "config": {"form": "split_sum"}}}))
+    monkeypatch.setenv("INFERA_MOE_DECODE_TUNING", str(path))
+    tuned = policy.load("sm90")
+    assert tuned.fp8.max_tokens == 8 and tuned.fp8.config_for(1).form == "split_sum"
+    path.write_text(json.dumps({"max_tokens": 4, "fp8": {"max_tokens": 8, "config": {"form": "stream"}}}))
+    with pytest.raises(policy.TuningError, match="FP8 launches in form stream"):
+        policy.load("sm90")
+    path.write_text(json.dumps({"max_tokens": 4}))
+    assert policy.load("sm90").fp8 is None
+    monkeypatch.setenv("INFERA_MOE_DECODE_MAX_TOKENS", "2")
+    assert policy.load("sm90").fp8.max_tokens == 2
 
 
 @pytest.mark.parametrize("over, reason", [

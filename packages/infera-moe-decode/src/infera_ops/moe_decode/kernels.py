@@ -91,11 +91,16 @@ def _expert_rows(topk_ids_ptr, j, MK, BLOCK_MK: tl.constexpr, BLOCK_M: tl.conste
 @triton.jit
 def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols, col_ok, H, I,
                   BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, FP32_DOT: tl.constexpr,
-                  EVICT_FIRST: tl.constexpr):
+                  EVICT_FIRST: tl.constexpr, s_ptr, s_row_stride, s_col_stride, GROUP_N, GROUP_K,
+                  W_SCALED: tl.constexpr):
     """silu(x W_gate^T) * (x W_up^T) for the token rows ``tok`` (masked by ``mine``) and the I-columns
     ``cols`` of one expert (``w13_ptr`` at that expert): [BLOCK_M, BLOCK_I] fp32, 0 where masked.
     ``EVICT_FIRST``: the weight loads stream past L2 lines kept for later (``evict_first``). A bool, passed
-    by every caller: Triton 3.6 fails on a string constexpr defaulted in a nested jit function."""
+    by every caller: Triton 3.6 fails on a string constexpr defaulted in a nested jit function.
+    ``W_SCALED`` (FP8 weights, see ``_group_scales``): weight element (n, h) of the expert is
+    ``W13[n, h] * s[n // GROUP_N, h // GROUP_K]`` (``s_ptr`` at the expert's scales, strides in elements, 0
+    for a scale shared along that dimension); each BLOCK_H chunk lies inside one group along H (the launcher
+    makes BLOCK_H divide GROUP_K), so a chunk's product is scaled per column once, in fp32."""
     w_gate = w13_ptr + cols[None, :].to(tl.int64) * w13_row_stride
     w_up = w_gate + I * w13_row_stride
     acc_gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
@@ -111,9 +116,26 @@ def _swiglu_block(x_ptr, x_row_stride, w13_ptr, w13_row_stride, tok, mine, cols,
         else:
             gate = tl.load(w_gate + h[:, None], mask=w_mask, other=0.0)
             up = tl.load(w_up + h[:, None], mask=w_mask, other=0.0)
-        acc_gate = _dot(xt, gate, acc_gate, FP32_DOT)
-        acc_up = _dot(xt, up, acc_up, FP32_DOT)
+        if W_SCALED:
+            s_gate = _group_scales(s_ptr, s_row_stride, s_col_stride, cols, h0, GROUP_N, GROUP_K, col_ok)
+            s_up = _group_scales(s_ptr, s_row_stride, s_col_stride, I + cols, h0, GROUP_N, GROUP_K, col_ok)
+            zero = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+            acc_gate += _dot(xt, gate.to(xt.dtype), zero, FP32_DOT) * s_gate[None, :]
+            acc_up += _dot(xt, up.to(xt.dtype), zero, FP32_DOT) * s_up[None, :]
+        else:
+            acc_gate = _dot(xt, gate, acc_gate, FP32_DOT)
+            acc_up = _dot(xt, up, acc_up, FP32_DOT)
     return acc_gate * tl.sigmoid(acc_gate) * acc_up
+
+
+@triton.jit
+def _group_scales(s_ptr, s_row_stride, s_col_stride, rows, k0, GROUP_N, GROUP_K, ok):
+    """The dequantization scales of weight rows ``rows`` (output channels) at reduction index ``k0``:
+    ``s[rows // GROUP_N, k0 // GROUP_K]``, fp32 (1 where masked). One layout serves every FP8 scheme vLLM
+    gives the experts: 128 x 128 blocks (GROUP_N = GROUP_K = 128), per channel (GROUP_N = 1, column stride
+    0), per tensor (both strides 0), and gate and up halves scaled apart (GROUP_N = I)."""
+    return tl.load(s_ptr + (rows // GROUP_N).to(tl.int64) * s_row_stride + (k0 // GROUP_K) * s_col_stride,
+                   mask=ok, other=1.0).to(tl.float32)
 
 
 @triton.jit
@@ -154,7 +176,8 @@ def _moe_fused_kernel(
         cols = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
         col_ok = cols < I
         act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                            tok, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, False)
+                            tok, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, False,
+                            x_ptr, 0, 0, 1, 1, False)
         act = act.to(w2_ptr.dtype.element_ty)
         r = tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)
         part_rows = part_ptr + (pos[:, None] * n_blocks + pid_i) * H
@@ -202,6 +225,12 @@ def _moe_gate_up_kernel(
     TOPK,
     COLS,  # output columns (of I) per program, <= BLOCK_I: the tile's first COLS rows are this program's
     w2_ptr,  # [E, H, I] contiguous: prefetched into L2 when PREFETCH_DOWN
+    s13_ptr,  # W_SCALED: fp32 scales of W13, s13[e, n // GROUP_N, h // GROUP_K] (_group_scales); else unread
+    s13_expert_stride,
+    s13_row_stride,
+    s13_col_stride,
+    GROUP_N,
+    GROUP_K,
     BLOCK_MK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr,  # the tile along I (a power of two >= COLS)
@@ -211,6 +240,7 @@ def _moe_gate_up_kernel(
     PREFETCH_BLOCK: tl.constexpr,  # addresses per prefetch step, one per 128-byte line
     USE_PDL: tl.constexpr,  # let the down kernel launch early (programmatic dependent launch)
     EARLY_DOWN: tl.constexpr,  # with USE_PDL: release the down kernel at once, stream W13 evict_first
+    W_SCALED: tl.constexpr,  # FP8 weights: dequantized in the kernel by the s13 scales (bf16/fp16 products)
 ):
     if USE_PDL and EARLY_DOWN:
         gdc_launch_dependents()
@@ -220,7 +250,9 @@ def _moe_gate_up_kernel(
         cols = pid_i * COLS + tl.arange(0, BLOCK_I)
         col_ok = (tl.arange(0, BLOCK_I) < COLS) & (cols < I)  # masked rows are not read: no traffic
         act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, EARLY_DOWN)
+                            pos // TOPK, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, EARLY_DOWN,
+                            s13_ptr + e.to(tl.int64) * s13_expert_stride, s13_row_stride, s13_col_stride, GROUP_N,
+                            GROUP_K, W_SCALED)
         tl.store(act_ptr + pos[:, None] * act_row_stride + cols[None, :], act.to(act_ptr.dtype.element_ty),
                  mask=mine[:, None] & col_ok[None, :])
         if PREFETCH_DOWN:
@@ -248,6 +280,12 @@ def _moe_down_kernel(
     MK,
     H,
     I,
+    s2_ptr,  # W_SCALED: fp32 scales of W2, s2[e, h // GROUP_N, i // GROUP_K] (_group_scales); else unread
+    s2_expert_stride,
+    s2_row_stride,
+    s2_col_stride,
+    GROUP_N,
+    GROUP_K,
     BLOCK_MK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,  # output columns (of H) per program
@@ -255,6 +293,7 @@ def _moe_down_kernel(
     FP32_DOT: tl.constexpr,
     USE_PDL: tl.constexpr,  # a programmatic dependent of the gate/up kernel, and lets the sum launch early
     EARLY_DOWN: tl.constexpr,  # with USE_PDL: prefetch this program's W2 rows into L2 before the wait
+    W_SCALED: tl.constexpr,  # FP8 weights: dequantized in the kernel by the s2 scales
 ):
     pid_n = tl.program_id(1)
     e, first, mine, pos = _expert_rows(topk_ids_ptr, tl.program_id(0), MK, BLOCK_MK, BLOCK_M)
@@ -273,7 +312,9 @@ def _moe_down_kernel(
         tl.store(y_ptr + tl.program_id(0).to(tl.int64) * H + cols, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=col_ok)
     elif first:
         _down_block(act_ptr, act_row_stride, w2_ptr + e.to(tl.int64) * w2_expert_stride, w2_row_stride,
-                    topk_weights_ptr, y_ptr, pos, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, False)
+                    topk_weights_ptr, y_ptr, pos, mine, cols, col_ok, H, I, BLOCK_M, BLOCK_N, BLOCK_K, FP32_DOT, False,
+                    s2_ptr + e.to(tl.int64) * s2_expert_stride, s2_row_stride, s2_col_stride, GROUP_N, GROUP_K,
+                    W_SCALED)
     if USE_PDL:
         gdc_launch_dependents()
 
@@ -295,12 +336,19 @@ def _moe_down_sum_kernel(
     I,
     TOPK,
     ITEMS_PER_SHARE,  # (slot, chunk of I) items per program along program_id 2
+    s2_ptr,  # W_SCALED: fp32 scales of W2, s2[e, h // GROUP_N, i // GROUP_K] (_group_scales); else unread
+    s2_expert_stride,
+    s2_row_stride,
+    s2_col_stride,
+    GROUP_N,
+    GROUP_K,
     BLOCK_T: tl.constexpr,  # >= TOPK, a power of two: the token's expert ids and weights held in registers
     BLOCK_N: tl.constexpr,  # output columns (of H) per program, >= 16
     BLOCK_K: tl.constexpr,  # reduction chunk along I
     SPLIT_I: tl.constexpr,  # programs per (token, column block), each over its share of I; 1: no merge
     FP32_DOT: tl.constexpr,
     USE_PDL: tl.constexpr,  # a programmatic dependent of the gate/up kernel: wait for its activations
+    W_SCALED: tl.constexpr,  # FP8 weights: dequantized in the kernel by the s2 scales (_down_block)
 ):
     """out[m, cols] = sum_k r_mk · (W2[e_mk][cols, :] @ a_mk) for one token m (program_id 0) and BLOCK_N
     output columns (program_id 1): the split form's down projection with the top-k sum inside, so there are
@@ -346,7 +394,12 @@ def _moe_down_sum_kernel(
                     mask=(rows == 0)[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w2_ptr + tl.maximum(e, 0) * w2_expert_stride + cols[None, :].to(tl.int64) * w2_row_stride
                     + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _dot(a, w, acc, FP32_DOT)
+        if W_SCALED:
+            s = _group_scales(s2_ptr + tl.maximum(e, 0) * s2_expert_stride, s2_row_stride, s2_col_stride, cols,
+                              chunk * BLOCK_K, GROUP_N, GROUP_K, col_ok)
+            acc += _dot(a, w.to(a.dtype), tl.zeros((16, BLOCK_N), dtype=tl.float32), FP32_DOT) * s[None, :]
+        else:
+            acc = _dot(a, w, acc, FP32_DOT)
         if (chunk == chunks - 1) | (t == t_end - 1):  # the slot's last chunk, or this share's last item
             total += acc * tl.sum(tl.where(slot == k_slot, rw, 0.0), axis=0)
             acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
@@ -370,10 +423,11 @@ def _moe_down_sum_kernel(
 @triton.jit
 def _down_block(act_ptr, act_row_stride, w2_ptr, w2_row_stride, topk_weights_ptr, y_ptr, pos, mine, cols, col_ok,
                 H, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr,
-                ACT_FROM_L2: tl.constexpr):
+                ACT_FROM_L2: tl.constexpr, s_ptr, s_row_stride, s_col_stride, GROUP_N, GROUP_K, W_SCALED: tl.constexpr):
     """y[pos, cols] = r_pos * (a_pos @ W2[:, cols]^T) for the token rows ``pos`` (masked by ``mine``) of one
     expert (``w2_ptr`` at that expert), fp32. ``ACT_FROM_L2``: read ``a`` past L1 (``.cg``), for activations
-    other programs of the same launch wrote."""
+    other programs of the same launch wrote. ``W_SCALED``: FP8 weights, ``W2[n, k] * s[n // GROUP_N, k //
+    GROUP_K]`` as in ``_swiglu_block`` (BLOCK_K divides GROUP_K)."""
     w = w2_ptr + cols[None, :].to(tl.int64) * w2_row_stride
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
@@ -385,7 +439,12 @@ def _down_block(act_ptr, act_row_stride, w2_ptr, w2_row_stride, topk_weights_ptr
             at = tl.load(a_ptrs, mask=a_mask, other=0.0, cache_modifier=".cg")
         else:
             at = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        acc = _dot(at, tl.load(w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0), acc, FP32_DOT)
+        wt = tl.load(w + k[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if W_SCALED:
+            s = _group_scales(s_ptr, s_row_stride, s_col_stride, cols, k0, GROUP_N, GROUP_K, col_ok)
+            acc += _dot(at, wt.to(at.dtype), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), FP32_DOT) * s[None, :]
+        else:
+            acc = _dot(at, wt, acc, FP32_DOT)
     acc *= tl.load(topk_weights_ptr + pos, mask=mine, other=0.0).to(tl.float32)[:, None]
     tl.store(y_ptr + pos[:, None] * H + cols[None, :], acc, mask=mine[:, None] & col_ok[None, :])
 
@@ -471,7 +530,8 @@ def _moe_persistent_kernel(
             i_cols = (t % n_i) * BLOCK_I + tl.arange(0, BLOCK_I)
             i_ok = i_cols < I
             act = _swiglu_block(x_ptr, x_row_stride, w13_ptr + e.to(tl.int64) * w13_expert_stride, w13_row_stride,
-                                pos // TOPK, mine, i_cols, i_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, False)
+                                pos // TOPK, mine, i_cols, i_ok, H, I, BLOCK_M, BLOCK_I, BLOCK_H, FP32_DOT, False,
+                            x_ptr, 0, 0, 1, 1, False)
             tl.store(act_ptr + pos[:, None] * act_row_stride + i_cols[None, :], act.to(act_ptr.dtype.element_ty),
                      mask=mine[:, None] & i_ok[None, :])
             tl.debug_barrier()  # every thread's stores before the release
@@ -492,7 +552,7 @@ def _moe_persistent_kernel(
                 tl.debug_barrier()
                 _down_block(act_ptr, act_row_stride, w2_ptr + e.to(tl.int64) * w2_expert_stride, w2_row_stride,
                             topk_weights_ptr, y_ptr, pos, mine, h_cols, h_ok, H, I, BLOCK_M, BLOCK_N, BLOCK_K,
-                            FP32_DOT, True)
+                            FP32_DOT, True, x_ptr, 0, 0, 1, 1, False)
         t = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     tl.debug_barrier()
     if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel", scope="gpu") == P - 1:  # the last program out

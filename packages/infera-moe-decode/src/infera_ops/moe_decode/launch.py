@@ -7,10 +7,16 @@ Capture-safe: no host synchronisation, buffers allocated on the current stream (
 captured), grid sizes from shapes only.
 
 ``LaunchConfig``: the form, blocks and pipelining a launch takes (defaults here; the tuning file's, policy.py).
+
+FP8 experts (``ExpertScales``): the split and split_sum forms read FP8 weights and dequantize them in the
+kernel, ``W[e, n, k] * scale[e, n // group_n, k // group_k]``, against bf16/fp16 activations (no activation
+quantization: each product is exact in the activations' dtype, fp32 accumulation).
 """
 
+import copy
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -27,6 +33,56 @@ from infera_ops.moe_decode.kernels import (
 from infera_vllm import triton_dot
 
 FORMS = ("split", "fused", "persistent", "split_sum", "stream")
+SCALED_FORMS = ("split", "split_sum")  # the forms that read FP8 weights
+
+
+class ExpertScales(NamedTuple):
+    """FP8 experts' fp32 weight scales as vLLM's FP8 MoE method keeps them. ``block`` (block_n, block_k):
+    block-wise weights, ``w13`` ``[E, cdiv(2I, block_n), cdiv(H, block_k)]`` and ``w2`` ``[E, cdiv(H, block_n),
+    cdiv(I, block_k)]``. ``block`` None: per tensor (``[E]``, any trailing ones), per channel (``[E, N]`` or
+    ``[E, N, 1]``, N the projection's output rows), or for ``w13`` ``[E, 2]`` (gate and up halves apart)."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    block: tuple[int, int] | None = None
+
+
+def scale_grid(scale: torch.Tensor, experts: int, rows: int, cols: int, block) -> tuple:
+    """``(scales, expert_stride, row_stride, col_stride, group_n, group_k)`` for the kernels' ``_group_scales``
+    from one projection's scales (``rows`` x ``cols`` weights per expert); ValueError for a layout that is
+    none of ``ExpertScales``'s."""
+    if scale.dtype != torch.float32:
+        raise ValueError(f"weight scales in {scale.dtype}: the kernels read fp32 scales")
+    if block is not None:
+        bn, bk = block
+        want = (experts, triton.cdiv(rows, bn), triton.cdiv(cols, bk))
+        if tuple(scale.shape) != want:
+            raise ValueError(f"block scales {tuple(scale.shape)} for {block} blocks: expected {want}")
+        return scale, scale.stride(0), scale.stride(1), scale.stride(2), bn, bk
+    if scale.numel() == experts:
+        flat = scale.reshape(experts)
+        return flat, flat.stride(0), 0, 0, 1, 1
+    flat = scale.reshape(experts, -1)
+    if flat.shape[1] == rows:  # per output channel
+        return flat, flat.stride(0), flat.stride(1), 0, 1, 1
+    if flat.shape[1] == 2 and rows % 2 == 0:  # gate and up halves of W13 apart
+        return flat, flat.stride(0), flat.stride(1), 0, rows // 2, 1
+    raise ValueError(f"weight scales {tuple(scale.shape)} for {experts} experts of {rows} x {cols}: expected "
+                     "per tensor, per channel, per half or block-wise")
+
+
+def chunk_within(block: int, group: int, col_stride: int) -> int:
+    """A reduction chunk of at most ``block`` that lies inside one scale group (``group`` elements along the
+    reduction; ``col_stride`` 0: one group): the largest power of two dividing ``group``, at least 16."""
+    if col_stride == 0:
+        return block
+    chunk = min(block, group & -group)
+    if chunk < 16:
+        raise ValueError(f"scale groups of {group} along the reduction: the kernels need a multiple of 16")
+    return chunk
+
+
+NO_SCALES = (None, 0, 0, 0, 1, 1)  # the scale arguments of an unscaled launch (the pointer is replaced)
 
 
 class LaunchConfig:
@@ -152,16 +208,28 @@ def gate_up_cols(cfg: LaunchConfig, block: int, experts_in_play: int, inter: int
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, out: torch.Tensor | None = None, config: LaunchConfig | None = None,
-                expert_map: torch.Tensor | None = None) -> torch.Tensor:
+                expert_map: torch.Tensor | None = None, scales: ExpertScales | None = None) -> torch.Tensor:
     """``out[M, H] = sum_k topk_weights[:, k] * W2[e] @ silu_and_mul(W13[e] @ x)`` (see kernels.py).
 
     x ``[M, H]``; w13 ``[E, 2I, H]``; w2 ``[E, H, I]`` (unit stride on their last dims); topk_* ``[M, TOPK]``.
     ``expert_map`` (expert parallel, vLLM's): global expert id -> index into this rank's w13/w2, -1 for an
-    expert held elsewhere, which then contributes nothing.
+    expert held elsewhere, which then contributes nothing. ``scales``: FP8 weights' scales (``ExpertScales``;
+    the split and split_sum forms), the activation ``a`` kept in x's dtype.
     """
     cfg = config or LaunchConfig()
     M, H = x.shape
     E, two_i, _ = w13.shape
+    s13 = s2 = NO_SCALES
+    if scales is not None:
+        if cfg.form not in SCALED_FORMS:
+            raise ValueError(f"form {cfg.form!r} reads no scaled weights: use one of {', '.join(SCALED_FORMS)}")
+        s13 = scale_grid(scales.w13, E, two_i, H, scales.block)
+        s2 = scale_grid(scales.w2, E, H, two_i // 2, scales.block)
+        cfg = copy.copy(cfg)
+        cfg.block_h = chunk_within(cfg.block_h, s13[5], s13[3])
+        cfg.block_k = chunk_within(cfg.block_k, s2[5], s2[3])
+    elif w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(f"{w13.dtype} / {w2.dtype} weights for {x.dtype} activations need their scales")
     inter = two_i // 2
     topk = topk_ids.shape[1]
     mk = M * topk
@@ -218,9 +286,11 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
         cols = gate_up_cols(cfg, blk_i, min(mk, E), inter, x.device)
         _moe_gate_up_kernel[(mk, triton.cdiv(inter, cols))](
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), ids, act, act.stride(0),
-            mk, H, inter, topk, cols, w2, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_I=blk_i, BLOCK_H=cfg.block_h,
-            FP32_DOT=fp32_dot, PREFETCH_DOWN=prefetch, PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl,
-            EARLY_DOWN=early_down, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            mk, H, inter, topk, cols, w2, s13[0] if scales is not None else x, *s13[1:], BLOCK_MK=bmk, BLOCK_M=bm,
+            BLOCK_I=blk_i, BLOCK_H=cfg.block_h, FP32_DOT=fp32_dot, PREFETCH_DOWN=prefetch,
+            PREFETCH_BLOCK=PREFETCH_BLOCK, USE_PDL=use_pdl, EARLY_DOWN=early_down, W_SCALED=scales is not None,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        s2_args = (s2[0] if scales is not None else x, *s2[1:])
         if cfg.form == "split_sum":
             n_blocks, items = triton.cdiv(H, cfg.block_n), topk * triton.cdiv(inter, cfg.block_k)
             per_share = triton.cdiv(items, min(cfg.split_i, items))  # (slot, chunk of I) tiles per program
@@ -232,15 +302,16 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
                 part, count = out, ids  # not read: no merge
             _moe_down_sum_kernel[(M, n_blocks, shares)](
                 act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, out, out.stride(0), part, count,
-                H, inter, topk, per_share, BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n,
-                BLOCK_K=cfg.block_k, SPLIT_I=shares, FP32_DOT=fp32_dot, USE_PDL=use_pdl, num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages, **pdl_kw)
+                H, inter, topk, per_share, *s2_args, BLOCK_T=triton.next_power_of_2(topk), BLOCK_N=cfg.block_n,
+                BLOCK_K=cfg.block_k, SPLIT_I=shares, FP32_DOT=fp32_dot, USE_PDL=use_pdl,
+                W_SCALED=scales is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
             return out  # the down kernel wrote the sums: no row-sum launch
         rows = torch.empty(mk, H, dtype=torch.float32, device=x.device)
         _moe_down_kernel[(mk, triton.cdiv(H, cfg.block_n))](
             act, act.stride(0), w2, w2.stride(0), w2.stride(1), ids, weights, rows,
-            mk, H, inter, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FP32_DOT=fp32_dot,
-            USE_PDL=use_pdl, EARLY_DOWN=early_down, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
+            mk, H, inter, *s2_args, BLOCK_MK=bmk, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            FP32_DOT=fp32_dot, USE_PDL=use_pdl, EARLY_DOWN=early_down, W_SCALED=scales is not None,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw)
         per_token = topk
     _row_sum_kernel[(M, triton.cdiv(H, SUM_BLOCK_N))](
         rows, out, out.stride(0), H, per_token, BLOCK_R=SUM_BLOCK_R, BLOCK_N=SUM_BLOCK_N, USE_PDL=use_pdl, **pdl_kw)

@@ -24,6 +24,11 @@ rest. ``by_shape`` (optional) holds, per expert shape, the launch at single meas
 shape's fastest launch is not the one best over all shapes: a call of M tokens takes it only when M's own
 measured bound (the smallest >= M) is listed there, else ``by_tokens`` as for every shape. (It is not a
 range: a shape's launch won at 2 tokens says nothing of 1.)
+
+FP8 experts have a section of their own, ``"fp8": {...}`` in the same format (its launches in the forms that
+read scaled weights, ``launch.SCALED_FORMS``): FP8 weights halve the bytes, so where the kernel wins and with
+which blocks is measured apart. A file without it leaves FP8 layers to vLLM (``fp8-not-tuned``) unless
+``INFERA_MOE_DECODE_MAX_TOKENS`` is set, which serves FP8 calls up to N tokens at ``default_config``.
 """
 
 from collections.abc import Callable
@@ -31,28 +36,44 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infera_ops.moe_decode.launch import LaunchConfig
+from infera_ops.moe_decode import launch
+from infera_ops.moe_decode.launch import SCALED_FORMS, LaunchConfig
 from infera_ops.moe_decode.spec import SPEC
 from infera_vllm import tuning_files
 from infera_vllm.switches import SwitchError, op_value
 
 DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, name))
 # by design (vLLM's kernel is the better one there), not a capability limit: coverage route "handover"
 HANDOVERS = ("tokens-above-threshold",)
 
 
 def decline_reason(hidden_states, w1, w2, topk_ids, activation, expert_map, apply_router_weight_on_input,
-                   a1q_scale, w1_bias, w2_bias, serves: Callable[[int, int, int, int, int], bool]) -> str | None:
+                   a1q_scale, w1_bias, w2_bias, serves: Callable[[int, int, int, int, int], bool] | None,
+                   scales=None) -> str | None:
     """None when the kernel can serve the call, else a reason code. What the kernel cannot compute (dtype,
     activation, bias, layout, ...) is checked before the token count, so a call the kernel could never take
     is counted under that reason, not handed over as too large. ``serves(M, E, H, I, top-k)``: whether the
-    family's tuning takes M tokens for this expert shape (``Tuning.serves``); an expert map (expert parallel)
-    is served: the kernel skips the experts held elsewhere."""
+    family's tuning takes M tokens for this expert shape (``Tuning.serves``; None: FP8 weights on a family
+    whose tuning has no FP8 section); an expert map (expert parallel) is served: the kernel skips the experts
+    held elsewhere. ``scales`` (``launch.ExpertScales``): FP8 weights' scales, whose layout must be one the
+    kernels read; the activations arrive unquantized (``a1q_scale`` None) either way."""
     if hidden_states.dim() != 2 or topk_ids.dim() != 2 or w1.dim() != 3 or w2.dim() != 3:
         return "layout"
     if hidden_states.dtype not in DTYPES:
         return "dtype"
-    if w1.dtype != hidden_states.dtype or w2.dtype != hidden_states.dtype or a1q_scale is not None:
+    if a1q_scale is not None:
+        return "quantized-activations"
+    if scales is not None:
+        if w1.dtype not in FP8_DTYPES or w2.dtype != w1.dtype:
+            return "weight-dtype"
+        try:
+            for scale, rows, cols in ((scales.w13, w1.shape[1], w1.shape[2]), (scales.w2, w2.shape[1], w2.shape[2])):
+                grid = launch.scale_grid(scale, w1.shape[0], rows, cols, scales.block)
+                launch.chunk_within(16, grid[5], grid[3])
+        except ValueError:
+            return "weight-scales"
+    elif w1.dtype != hidden_states.dtype or w2.dtype != hidden_states.dtype:
         return "weight-dtype"
     if str(getattr(activation, "value", activation)).lower() != "silu":
         return "activation"
@@ -68,6 +89,8 @@ def decline_reason(hidden_states, w1, w2, topk_ids, activation, expert_map, appl
         return "layout"
     if hidden_states.device.type not in ("cuda", "cpu"):
         return "device"
+    if serves is None:
+        return "fp8-not-tuned"
     if not serves(hidden_states.shape[0], E, H, two_i // 2, topk_ids.shape[1]):
         return "tokens-above-threshold"
     return None
@@ -116,6 +139,7 @@ class Tuning:
     served: dict = field(default_factory=dict)  # shape_key -> frozenset of served bounds
     measured: tuple = MEASURED
     by_shape: dict = field(default_factory=dict)  # shape_key -> ((upper token bound, LaunchConfig), ...)
+    fp8: "Tuning | None" = None  # FP8 experts' own (the file's "fp8" section, or the threshold's defaults)
 
     @property
     def largest_served(self) -> int:
@@ -142,7 +166,7 @@ class Tuning:
         return self.config
 
 
-def default_config(family: str, form: str = "split") -> LaunchConfig:
+def default_config(family: str, form: str = "split", fp8: bool = False) -> LaunchConfig:
     """The launch a family gets without a ``config`` in its file (``INFERA_MOE_DECODE_MAX_TOKENS`` on an
     untuned family), chosen so that nothing spills (tests/test_moe_decode_compile.py): the defaults; two
     pipeline stages on AMD GPUs, whose 64 KB of LDS (gfx942, RDNA) three stages of the 64-wide tiles overflow
@@ -150,7 +174,11 @@ def default_config(family: str, form: str = "split") -> LaunchConfig:
     on RDNA4 (gfx12xx) the persistent form, which holds both projections' tiles, with 32-wide I blocks (64
     spill one VGPR). The stream form cuts its work into small units so that one program per SM gets an
     even share at decode sizes (16 columns of I, 16 of H) and streams them in 256-deep H chunks over 4
-    stages (128-deep over 2 on AMD GPUs)."""
+    stages (128-deep over 2 on AMD GPUs). FP8 weights (``fp8``; the split forms) on RDNA (gfx11xx, gfx12xx):
+    32-deep H chunks and 64-deep I chunks, as the weights' conversion to bf16 beside deeper tiles spills
+    VGPRs there (narrower I blocks spill more)."""
+    if fp8 and family.startswith(("gfx11", "gfx12")):
+        return LaunchConfig(form=form, block_h=32, block_k=64, num_stages=2)
     if form == "stream":
         amd = family.startswith("gfx")
         return LaunchConfig(form=form, block_i=16, block_h=128 if amd else 256, block_n=16, block_k=128,
@@ -178,8 +206,33 @@ def load(family: str) -> Tuning | None:
     if doc is None and threshold is None:
         return None
     doc = doc or {}
+    tuned = _tuning(doc, source, family, threshold)
+    fp8 = doc.get("fp8")
+    if fp8 is not None and (not isinstance(fp8, dict) or not isinstance(fp8.get("max_tokens"), int)):
+        raise TuningError(f"{source}: 'fp8' needs an integer 'max_tokens' like the file itself")
+    if fp8 is not None or threshold is not None:
+        tuned.fp8 = _tuning(fp8 or {}, source, family, threshold, forms=SCALED_FORMS)
+    return tuned
+
+
+def fp8_launches(family: str) -> list[tuple[str, LaunchConfig]]:
+    """The FP8 experts' launches on ``family`` (its compile test): the packaged file's FP8 section, else
+    ``default_config``'s split and split_sum forms (what ``INFERA_MOE_DECODE_MAX_TOKENS`` serves)."""
+    found = tuning_files.load("infera_ops.moe_decode", family, "", None, _read, TuningError)
+    fp8 = (found[0] if found else {}).get("fp8")
+    if fp8 is None:
+        return [(f"defaults {form}", default_config(family, form, fp8=True)) for form in SCALED_FORMS]
+    tuned = _tuning(fp8, found[1], family, None, forms=SCALED_FORMS)
+    launches = [(f"M<={bound}", cfg) for bound, cfg in tuned.by_tokens] + [("config", tuned.config)]
+    return launches + [(f"{shape} M<={bound}", cfg) for shape, entries in tuned.by_shape.items()
+                       for bound, cfg in entries]
+
+
+def _tuning(doc: dict, source, family: str, threshold, forms=None) -> Tuning:
+    """One section of a tuning file (the file itself, or its "fp8" section, whose launches must be of
+    ``forms``)."""
     try:
-        config = LaunchConfig(**doc["config"]) if "config" in doc else default_config(family)
+        config = LaunchConfig(**doc["config"]) if "config" in doc else default_config(family, fp8=forms is not None)
         by_tokens = tuple(sorted((int(bound), LaunchConfig(**blocks))
                                  for bound, blocks in doc.get("by_tokens", {}).items()))
         by_shape = {str(key): tuple(sorted((int(bound), LaunchConfig(**blocks)) for bound, blocks in entries.items()))
@@ -192,6 +245,11 @@ def load(family: str) -> Tuning | None:
                                  for key, bounds in doc.get("served", {}).items()}
     except (TypeError, ValueError, AttributeError) as exc:
         raise TuningError(f"{source}: bad 'served' or 'measured' ({exc})") from exc
-    max_tokens = threshold if threshold is not None else doc["max_tokens"]
+    if forms is not None:
+        wrong = {c.form for c in (config, *(c for _, c in by_tokens), *(c for e in by_shape.values() for _, c in e))}
+        if wrong - set(forms):
+            raise TuningError(f"{source}: FP8 launches in form {', '.join(sorted(wrong - set(forms)))}: the forms "
+                              f"that read FP8 weights are {', '.join(forms)}")
+    max_tokens = threshold if threshold is not None else doc.get("max_tokens", 0)
     return Tuning(max_tokens, config, source or "INFERA_MOE_DECODE_MAX_TOKENS", by_tokens, served, measured,
                   by_shape if threshold is None else {})

@@ -25,3 +25,18 @@ def moe_experts_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None):
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         out.index_add_(0, token[rows], weights[rows, None] * (act @ w2[e].float().t()))
     return out
+
+
+def dequantize_experts(w, scale, block=None):
+    """FP8 experts ``w`` ``[E, N, K]`` in fp32: ``w[e, n, k] * scale[e, n // bn, k // bk]`` for ``block`` (bn, bk),
+    else ``scale`` per tensor (``[E]``), per channel (``[E, N]``) or, for gate/up weights, per half (``[E, 2]``);
+    the layouts of ``launch.ExpertScales``."""
+    E, N, K = w.shape
+    s = scale.float()
+    if block is not None:
+        bn, bk = block
+        s = s.repeat_interleave(bn, dim=1)[:, :N].repeat_interleave(bk, dim=2)[:, :, :K]
+    else:
+        s = s.reshape(E, -1)
+        s = s.repeat_interleave(N // s.shape[1], dim=1)[:, :, None]
+    return w.float() * s
