@@ -44,6 +44,11 @@ Five forms, all deterministic (the result does not depend on which program finis
   chunks (a counter) and may ask L2 for their W2 rows first. One launch and one pipeline fill per program
   instead of two launches, for one or a few tokens.
 
+FP8 weights (``W_SCALED``, the split and split_sum forms' kernels): ``W[e, n, k] = Wq[e, n, k] *
+s[e, n // GROUP_N, k // GROUP_K]``; each tile of ``Wq`` is converted to the activations' dtype (exact for
+e4m3) and each reduction chunk's product, which lies inside one scale group along k, is scaled per output
+column in fp32 (``_group_scales``). The activations are not quantized.
+
 In the split form each kernel has a fixed cost (its first loads, its last programs finishing alone) of
 several microseconds: at M = 1 on Qwen3-30B-A3B dims the H200 measures 15.8 us for the gate/up kernel
 against 11.5 us of traffic at its read bandwidth, 9.5 us for the down kernel against 5.7. With ``USE_PDL``
