@@ -1,6 +1,13 @@
 """Decode MoE experts: infera's kernels vs vLLM's ``fused_experts`` (Triton), bf16, random routing, one GPU.
+``--fp8 block`` (128 x 128 weight blocks, vLLM's per-token-group FP8 activations) or ``--fp8 tensor`` (a
+scale per expert and projection, dynamic per-tensor FP8 activations): FP8 weights, vLLM's Triton experts
+called with the FP8 quant config vLLM's FP8 MoE method builds (the activation quantization inside the call),
+ours with the same weights and scales and bf16 activations, each form that reads FP8 weights timed
+(``infera_forms_us``; the tuning's FP8 section, or ``policy.default_config``'s blocks); ``infera_err`` and
+``vllm_err``: each one's error against the fp32 reference over the dequantized weights.
 
-Bytes = distinct experts read x 3·I·H·2 (the weight traffic; activations are negligible at decode).
+Bytes = distinct experts read x 3·I·H x the weight's bytes (the weight traffic; activations and block scales,
+1/16384 of FP8 blocks, are negligible at decode).
 Timed from CUDA-graph replays (``do_bench_cudagraph``), as vLLM runs decode, with a cold L2: each replay
 runs ROTATIONS calls whose routings use different experts (as consecutive layers read different weights),
 and the time per call is the replay's over ROTATIONS. Copy and read ceilings measured in the same run
@@ -15,7 +22,7 @@ tuning (``tuning/<family>.json`` or ``INFERA_MOE_DECODE_TUNING``); ``served`` sa
 (dims, M) in serving (else it hands over to vLLM: the production ratio there is 1.0 by construction). Prints a
 table, writes JSON + a plot under ``results/<gpu>/`` (or ``--out``).
 
-    python benchmarks/bench_moe_decode.py [--dims qwen3-30b-a3b,mixtral] [--tokens 1,2,4]
+    python benchmarks/bench_moe_decode.py [--dims qwen3-30b-a3b,mixtral] [--tokens 1,2,4] [--fp8 block]
 """
 
 from __future__ import annotations
@@ -59,7 +66,7 @@ class Case:
 
     def __init__(self, weights: tuple, dims: str, M: int, gen: torch.Generator):
         E, H, I, K = DIMS[dims]
-        self.dims, self.M, (self.w13, self.w2) = dims, M, weights
+        self.dims, self.M, (self.w13, self.w2) = dims, M, weights[:2]
         self.x = [torch.randn(M, H, generator=gen).to("cuda", torch.bfloat16) for _ in range(ROTATIONS)]
         self.routing = []
         perm = torch.randperm(E, generator=gen)
@@ -70,7 +77,7 @@ class Case:
             self.routing.append((weights.to("cuda"), ids.to("cuda", torch.int32)))
         # distinct experts per call, averaged over the rotations (each replay runs all of them)
         self.distinct = sum(int(torch.unique(ids).numel()) for _, ids in self.routing) / ROTATIONS
-        self.bytes = int(self.distinct * 3 * I * H * 2)
+        self.bytes = int(self.distinct * 3 * I * H * self.w13.element_size())
 
     def run(self, fn, r=0):
         weights, ids = self.routing[r]
@@ -96,18 +103,48 @@ class Case:
         return graph_us([lambda r=r: self.run(fn, r) for r in range(ROTATIONS)])
 
 
-def vllm_experts():
+def vllm_experts(scales=None):
+    """vLLM's Triton experts; with ``scales`` (launch.ExpertScales) FP8 weights under the quant config of
+    vLLM's FP8 MoE method (fp8 w8a8: activations quantized per 128-group for blocks, per tensor else)."""
+    from vllm.model_executor.layers.fused_moe.config import fp8_w8a8_moe_quant_config
     from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
 
-    return lambda x, w13, w2, weights, ids: fused_experts(x, w13, w2, weights, ids)
+    if scales is None:
+        return lambda x, w13, w2, weights, ids: fused_experts(x, w13, w2, weights, ids)
+    config = fp8_w8a8_moe_quant_config(w1_scale=scales.w13, w2_scale=scales.w2,
+                                       block_shape=None if scales.block is None else list(scales.block))
+    return lambda x, w13, w2, weights, ids: fused_experts(x, w13, w2, weights, ids, quant_config=config)
 
 
-def make_weights(dims: str):
-    """Random bf16 expert weights of that dims, made on the GPU (DeepSeek-V3's are 22 GB)."""
+BLOCK = (128, 128)
+
+
+def make_weights(dims: str, fp8: str | None = None):
+    """Random expert weights of that dims, made on the GPU (DeepSeek-V3's are 22 GB in bf16): bf16, or FP8
+    (``fp8`` "block" or "tensor") with their fp32 scales (launch.ExpertScales), quantized one expert at a time
+    with amax scaling."""
+    from infera_ops.moe_decode.launch import ExpertScales
+
     E, H, I, _ = DIMS[dims]
-    w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda").normal_().div_(H**0.5)
-    w2 = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda").normal_().div_(I**0.5)
-    return w13, w2
+    if fp8 is None:
+        w13 = torch.empty(E, 2 * I, H, dtype=torch.bfloat16, device="cuda").normal_().div_(H**0.5)
+        w2 = torch.empty(E, H, I, dtype=torch.bfloat16, device="cuda").normal_().div_(I**0.5)
+        return w13, w2, None
+    from vllm.platforms import current_platform
+
+    dtype = current_platform.fp8_dtype()
+    out, scales = [], []
+    for rows, cols in ((2 * I, H), (H, I)):
+        w = torch.empty(E, rows, cols, dtype=dtype, device="cuda")
+        bn, bk = BLOCK if fp8 == "block" else (rows, cols)
+        s = torch.empty(E, rows // bn, cols // bk, dtype=torch.float32, device="cuda")
+        for e in range(E):
+            x = torch.randn(rows, cols, device="cuda").div_(cols**0.5).view(rows // bn, bn, cols // bk, bk)
+            s[e] = x.abs().amax(dim=(1, 3)) / torch.finfo(dtype).max
+            w[e] = (x / s[e][:, None, :, None]).view(rows, cols).to(dtype)
+        out.append(w)
+        scales.append(s if fp8 == "block" else s.view(E))
+    return out[0], out[1], ExpertScales(scales[0], scales[1], BLOCK if fp8 == "block" else None)
 
 
 def rel_err(got, want) -> float:
@@ -118,6 +155,7 @@ def main() -> int:
     parser = arguments(__doc__)
     parser.add_argument("--dims", default=",".join(DIMS), help="comma-separated names from DIMS")
     parser.add_argument("--tokens", default=",".join(map(str, MS)), help="comma-separated token counts M")
+    parser.add_argument("--fp8", choices=("block", "tensor"), help="FP8 weights with these scales")
     args = parser.parse_args()
     from infera_ops.moe_decode import launch, policy
     from infera_ops.moe_decode.launch import LaunchConfig
@@ -125,28 +163,41 @@ def main() -> int:
     from infera_vllm.platform import detect_gpu_family
 
     machine = describe_machine()
-    tuned = policy.load(detect_gpu_family()[0])
+    family = detect_gpu_family()[0]
+    tuned = policy.load(family)
+    if args.fp8:
+        tuned = tuned and tuned.fp8
     print(f"blocks: {tuned.source if tuned else 'defaults (no tuning file)'}", flush=True)
     copy, read = copy_ceiling_tb_s(), read_ceiling_tb_s()
     print(f"copy ceiling {copy:.2f} TB/s, read ceiling {read:.2f} TB/s", flush=True)
-    theirs = vllm_experts()
     rows, gen = [], torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     for name in args.dims.split(","):
         E, H, I, K = DIMS[name]
-        weights = make_weights(name)
+        weights = make_weights(name, args.fp8)
+        scales = weights[2]
+        theirs = vllm_experts(scales)
         for M in map(int, args.tokens.split(",")):
             case = Case(weights, name, M, gen)
-            cfg = tuned.config_for(M, policy.shape_key(E, H, I, K)) if tuned else LaunchConfig()
+            if tuned:
+                cfgs = [tuned.config_for(M, policy.shape_key(E, H, I, K))]
+            elif args.fp8:
+                cfgs = [policy.default_config(family, form, fp8=True) for form in launch.SCALED_FORMS]
+            else:
+                cfgs = [LaunchConfig()]
 
-            def ours(x, w13, w2, weights, ids, cfg=cfg):
-                return launch.moe_experts(x, w13, w2, weights, ids, config=cfg)
+            def infera(cfg):
+                return lambda x, w13, w2, weights, ids: launch.moe_experts(x, w13, w2, weights, ids, config=cfg,
+                                                                            scales=scales)
 
-            err = rel_err(case.run(ours), case.run(theirs))
-            if M <= 2:
-                ref = moe_experts_reference(case.x[0], case.w13, case.w2, *case.routing[0])
-                err = max(err, rel_err(case.run(ours), ref))
-            t_ours, t_vllm = case.time_us(ours), case.time_us(theirs)
+            forms_us = {c.form: case.time_us(infera(c)) for c in cfgs}
+            cfg = next(c for c in cfgs if c.form == min(forms_us, key=forms_us.get))
+            ours = infera(cfg)
+            ref = moe_experts_reference(case.x[0], case.w13, case.w2, *case.routing[0], scales=scales)
+            err, vllm_err = rel_err(case.run(ours), ref), rel_err(case.run(theirs), ref)
+            if not args.fp8:  # bf16: ours and vLLM's compute the same maths (FP8: vLLM quantizes activations)
+                err = max(rel_err(case.run(ours), case.run(theirs)), err if M <= 2 else 0.0)
+            t_ours, t_vllm = forms_us[cfg.form], case.time_us(theirs)
             floor2, floor1 = stream_floor_us(case.floor_calls(2)), stream_floor_us(case.floor_calls(1))
             floor13, floor_w2 = stream_floor_us(case.floor_calls("w13")), stream_floor_us(case.floor_calls("w2"))
             k_ours, k_vllm = case.kernels_us(ours), case.kernels_us(theirs)
@@ -159,12 +210,13 @@ def main() -> int:
                    "infera_pct_floor": floor2 / t_ours * 100, "vllm_pct_floor": floor2 / t_vllm * 100,
                    "floor_w13_us": floor13, "floor_w2_us": floor_w2, "infera_kernels_us": k_ours,
                    "vllm_kernels_us": k_vllm,
-                   "max_rel_err": err, "served": bool(tuned and tuned.serves(M, E, H, I, K)), "config": cfg.as_dict()}
+                   "max_rel_err": err, "infera_err": err, "vllm_err": vllm_err, "infera_forms_us": forms_us,
+                   "served": bool(tuned and tuned.serves(M, E, H, I, K)), "config": cfg.as_dict()}
             rows.append(row)
             print(f"{name:<17} M={M:<3} experts={case.distinct:<5.1f} infera {t_ours:8.1f} us "
                   f"({row['infera_pct_read']:5.1f}% read) vllm {t_vllm:8.1f} us ({row['vllm_pct_read']:5.1f}%) "
                   f"x{row['speedup']:.2f} floor {floor2:.1f} us in 2 launches, {floor1:.1f} in 1 "
-                  f"({row['infera_pct_floor']:.0f}%) rel.err {err:.1e}"
+                  f"({row['infera_pct_floor']:.0f}%) rel.err {err:.1e} (vllm {vllm_err:.1e} vs fp32)"
                   f"{'' if row['served'] else ' (handed over in serving)'}",
                   flush=True)
             print(f"    kernels (W13 alone {floor13:.1f} us, W2 alone {floor_w2:.1f}): infera "
@@ -173,7 +225,8 @@ def main() -> int:
         del weights
         torch.cuda.empty_cache()
     out_dir = args.out or results_dir(machine)
-    path = write_json(out_dir, "bench_moe_decode", {"benchmark": "bench_moe_decode", "machine": machine,
+    stem = "bench_moe_decode" + (f"_fp8_{args.fp8}" if args.fp8 else "")
+    path = write_json(out_dir, stem, {"benchmark": stem, "machine": machine, "fp8": args.fp8,
                                                     "copy_ceiling_tb_s": copy, "read_ceiling_tb_s": read,
                                                     "rotations": ROTATIONS,
                                                     "tuning": tuned.source if tuned else None, "rows": rows})

@@ -255,6 +255,21 @@ def step_moe(r: Runner, a) -> None:
               log="bench_moe_decode.log", timeout=a.bench_timeout)
 
 
+def step_moe_fp8(r: Runner, a) -> None:
+    """infera-moe-decode on FP8 experts: the FP8 kernel tests at GPU sizes (-k fp8), then the kernels against
+    vLLM's Triton FP8 experts (bench_moe_decode.py --fp8): block FP8 at Qwen3-30B-A3B and DeepSeek-V3 dims,
+    per-tensor FP8 at Mixtral dims, M 1-16, every FP8 form timed where the tuning has no FP8 section."""
+    r.use_tuning("INFERA_MOE_DECODE_TUNING", MOE_TUNING)
+    if a.tests:
+        r.pytest(["packages/infera-moe-decode/tests"], "pytest_moe_decode_fp8.txt", timeout=a.tests_timeout,
+                 select="fp8 and not vllm")
+    if a.bench:
+        for fp8, dims in (("block", "qwen3-30b-a3b,deepseek-v3"), ("tensor", "mixtral")):
+            r.run(py("benchmarks/bench_moe_decode.py", "--out", r.out, "--fp8", fp8, "--dims", dims,
+                     "--tokens", a.tokens, *shlex.split(a.bench_args)),
+                  log=f"bench_moe_decode_fp8_{fp8}.log", timeout=a.bench_timeout)
+
+
 def step_norm(r: Runner, a) -> None:
     """infera-norm's tests, then its kernels against vllm_c and compiled native (benchmarks/bench_norm.py);
     --tune runs the launch sweep (benchmarks/tune_norm.py) instead of the benchmark."""
@@ -426,7 +441,7 @@ def write_config(name: str, directory: str, dry_run: bool = False, **overrides) 
 
 STEPS = {
     "tests": step_tests, "attn": step_attn, "attn-kv-quant": step_attn_kv_quant, "attn-e2e": step_attn_e2e,
-    "step-probe": step_step_probe, "moe": step_moe,
+    "step-probe": step_step_probe, "moe": step_moe, "moe-fp8": step_moe_fp8,
     "norm": step_norm, "norm-numerics": step_norm_numerics, "norm-e2e": step_norm_e2e, "linear": step_linear,
     "foundation": step_foundation, "self-check": step_self_check, "validate": step_validate,
     "parallel": step_parallel, "linear-norm-x2": step_linear_norm_x2, "aot-check": step_aot_check,
@@ -489,6 +504,13 @@ def parser() -> argparse.ArgumentParser:
     switch(s, "bench", True, "the kernels against vLLM's fused_experts")
     s.add_argument("--bench-args", default="", help="more bench_moe_decode.py arguments, e.g. '--dims mixtral'")
     s.add_argument("--bench-timeout", type=float, default=480)  # every row also times four traffic floors
+    s = step("moe-fp8")
+    switch(s, "tests", True, "the FP8 kernel tests at GPU sizes first")
+    s.add_argument("--tests-timeout", type=float, default=150)
+    switch(s, "bench", True, "the FP8 kernels against vLLM's FP8 experts")
+    s.add_argument("--tokens", default="1,2,4,8,16")
+    s.add_argument("--bench-args", default="")
+    s.add_argument("--bench-timeout", type=float, default=200, help="per FP8 scheme")
     s = step("norm")
     s.add_argument("--tune", action="store_true", help="the launch sweep instead of the benchmark")
     s.add_argument("--tests-timeout", type=float, default=300)

@@ -23,6 +23,7 @@ STEPS = {  # each step with the options the docs use, and a command it must prin
     "step-probe": (["--backends", "FLASH_ATTN,CUSTOM"], "e2e_step_probe.py --model /tmp/models/llama-3-8b "
                                                        "--backends FLASH_ATTN,CUSTOM"),
     "moe": (["--tune", "--tune-args=--forms split", "--tests"], "tune_moe_decode.py --out"),
+    "moe-fp8": (["--tokens", "1,2"], "bench_moe_decode.py --out . --fp8 tensor --dims mixtral --tokens 1,2"),
     "norm": (["--tune"], "tune_norm.py"),
     "norm-numerics": ([], "validate --preset norm-smollm2-h200"),
     "norm-e2e": ([], "validate --preset norm-smollm2-h200"),

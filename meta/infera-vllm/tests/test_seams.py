@@ -93,6 +93,7 @@ def test_every_op_undone_leaves_vllm_as_it_was(tmp_path):
         "vllm.platforms.cpu.CpuPlatform.get_default_ir_op_priority",
         "vllm.v1.attention.backends.registry._ATTN_OVERRIDES[<AttentionBackendEnum.CUSTOM: None>]",
         "vllm.model_executor.custom_op.op_registry_oot['UnquantizedFusedMoEMethod']",
+        "vllm.model_executor.layers.fused_moe.oracle.fp8.backend_to_kernel_cls",
         "rms_norm.impls['infera']", "fused_add_rms_norm.impls['infera']",
         "vllm.envs.environment_variables['INFERA_VLLM_COMPILED_OPS']"])
     assert len(out["recorded"]) == len(out["changed"]), out["recorded"]  # each change recorded, once

@@ -2,7 +2,8 @@
 random-weight Qwen3-MoE checkpoint written here, served with the plugin on and off; the method is chosen,
 decode steps reach the kernel, prefill chunks above the threshold are handed over, and the plugin-on outputs
 are as close to the fp32 model as vLLM's own (``infera_vllm.testing.assert_no_worse_than_vllm``: on random
-weights the logits hold near-ties, so token-by-token equality with plugin off would pass or fail by machine)."""
+weights the logits hold near-ties, so token-by-token equality with plugin off would pass or fail by machine).
+A block-FP8 checkpoint of the same family reaches the kernel through vLLM's FP8 MoE method."""
 
 import json
 import os
@@ -58,7 +59,52 @@ if __name__ == "__main__":
     main()
 """
 
-
+# The same model family as FP8: 128 x 128 weight blocks (H 256, I 128: two blocks along each reduction of
+# W13 and along W2's rows), the experts' weights quantized block-wise with a different magnitude per row band
+# (scales != 1); every linear but the experts in ignored_layers, as the CPU build has no FP8 linear kernels
+# (vllm-seams.md). Beside it the reference checkpoint: the same weights with the experts dequantized, in fp32.
+MAKE_FP8 = r"""
+import json, os, sys, torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+torch.manual_seed(0)
+fp8_dir, ref_dir = sys.argv[1], sys.argv[2]
+BLOCK = 128
+cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, intermediate_size=256, moe_intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                     num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=512,
+                     norm_topk_prob=True, tie_word_embeddings=False)
+model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        p.normal_(0, 0.02 if "o_proj" in name else 0.2)
+model.save_pretrained(fp8_dir)
+model.save_pretrained(ref_dir)
+tensors = load_file(os.path.join(fp8_dir, "model.safetensors"))
+fp8, ref = {}, {}
+for key, t in tensors.items():
+    if ".mlp.experts." not in key:
+        fp8[key], ref[key] = t, t.float()
+        continue
+    n, k = t.shape  # scales per 128 x 128 block, with a different magnitude per block (scales != 1)
+    w = t.float() * torch.linspace(0.5, 2.0, n)[:, None]
+    blocks = w.reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK)
+    scale = blocks.abs().amax(dim=(1, 3)) / 448.0
+    q = (blocks / scale[:, None, :, None]).reshape(n, k).to(torch.float8_e4m3fn)
+    fp8[key], fp8[key + "_scale_inv"] = q, scale.contiguous()
+    ref[key] = (q.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK) * scale[:, None, :, None]).reshape(n, k)
+save_file(fp8, os.path.join(fp8_dir, "model.safetensors"), metadata={"format": "pt"})
+save_file(ref, os.path.join(ref_dir, "model.safetensors"), metadata={"format": "pt"})
+conf = json.load(open(os.path.join(fp8_dir, "config.json")))
+linears = [f"model.layers.{i}.{m}" for i in range(cfg.num_hidden_layers)
+           for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate")]
+conf["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                               "weight_block_size": [BLOCK, BLOCK], "ignored_layers": linears + ["lm_head"]}
+json.dump(conf, open(os.path.join(fp8_dir, "config.json"), "w"))
+conf = json.load(open(os.path.join(ref_dir, "config.json")))
+conf["dtype"] = "float32"
+json.dump(conf, open(os.path.join(ref_dir, "config.json"), "w"))
+"""
 
 
 def _report(report_dir):
@@ -167,3 +213,26 @@ def test_expert_parallel_two_workers(tmp_path, checkpoint_and_baseline):
     assert routes == {("kernel", "")}, report["counts"]  # no expert-map fallback, nothing handed over
     kernel = [c for c in report["counts"] if c["op"] == "moe-decode"]
     assert all(c["processes"] == 2 for c in kernel), report["counts"]  # both ranks ran the kernel
+
+
+def test_tiny_qwen3_moe_fp8_block(tmp_path):
+    """A block-FP8 checkpoint (vLLM's ``Fp8MoEMethod``, 128 x 128 weight blocks, dynamic activations): vLLM
+    picks its TRITON FP8 backend, whose experts class is ours; vLLM's CPU build has no FP8 experts of its own,
+    so every call (the threshold covers prefill) runs the kernel on the FP8 weights and their block scales with
+    bf16 activations. Outputs: as close to the fp32 model of the dequantized weights as vLLM's own bf16 experts
+    on those weights (plugin off); the self-check (fp32 reference over the dequantized experts) passes."""
+    fp8, ref = tmp_path / "fp8", tmp_path / "ref"
+    run_script(MAKE_FP8, str(fp8), str(ref), env={})
+    off = result_json(run_script(RUN, str(ref), "1", env={"INFERA_VLLM_OPS_DISABLE": "1",
+                                                         "INFERA_VLLM_REPORT_DIR": str(tmp_path / "off")}))
+    report_dir = tmp_path / "report-fp8"
+    out = run_script(RUN, str(fp8), "1", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_MOE_DECODE_MAX_TOKENS": "256",
+                                               "INFERA_VLLM_REPORT_DIR": str(report_dir)})
+    print(assert_no_worse_than_vllm(str(ref), result_json(out), off))
+
+    report = _report(report_dir)
+    counts = [c for c in report["counts"] if c["op"] == "moe-decode"]
+    assert {(c["route"], c["reason"]) for c in counts} == {("kernel", "")}, counts
+    assert sum(c["count"] for c in counts) >= 2 * 5, counts  # both layers, every step (see the bf16 test)
+    checks = report["self_check"]
+    assert checks and all(c["failed"] == 0 and c["passed"] >= 1 for c in checks), checks

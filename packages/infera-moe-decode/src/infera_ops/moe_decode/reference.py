@@ -4,14 +4,15 @@ import torch
 import torch.nn.functional as F
 
 
-def moe_experts_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None):
+def moe_experts_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None, scales=None):
     """out[m] = sum_k r[m,k] * W2[e] @ (silu(W13[e,:I] @ x[m]) * (W13[e,I:] @ x[m])), e = ids[m,k]; fp32.
 
     ``x`` [M, H], ``w13`` [E, 2I, H], ``w2`` [E, H, I], ``topk_weights``/``topk_ids`` [M, K];
     ``expert_map`` (expert parallel): global id -> local index, -1 where another rank holds the expert (it
     adds nothing here). One pass per distinct expert the tokens route to, converting only that expert's
     weights to fp32, so that a serving-size layer (tens of GB of experts) costs a fraction of a second and no more
-    memory than one expert in fp32."""
+    memory than one expert in fp32. ``scales`` (``launch.ExpertScales``): FP8 weights, each expert dequantized
+    by ``dequantize_experts`` as it is used."""
     inter = w13.shape[1] // 2
     ids = topk_ids.long() if expert_map is None else expert_map[topk_ids.long()].long()
     flat, weights = ids.reshape(-1), topk_weights.reshape(-1).float()
@@ -21,9 +22,14 @@ def moe_experts_reference(x, w13, w2, topk_weights, topk_ids, expert_map=None):
         if e < 0:
             continue
         rows = (flat == e).nonzero().squeeze(1)
-        gate_up = x[token[rows]].float() @ w13[e].float().t()
+        if scales is None:
+            w13e, w2e = w13[e].float(), w2[e].float()
+        else:
+            w13e = dequantize_experts(w13[e:e + 1], scales.w13[e:e + 1], scales.block)[0]
+            w2e = dequantize_experts(w2[e:e + 1], scales.w2[e:e + 1], scales.block)[0]
+        gate_up = x[token[rows]].float() @ w13e.t()
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out.index_add_(0, token[rows], weights[rows, None] * (act @ w2[e].float().t()))
+        out.index_add_(0, token[rows], weights[rows, None] * (act @ w2e.t()))
     return out
 
 

@@ -2,10 +2,13 @@
 
 from infera_vllm.spec import GPU_FAMILIES, OpSpec, Switch, Symbol
 
+FP8_SEAM = ">=0.26"  # the FP8 experts' seam (seam._install_fp8): read in 0.26's and 0.32's sources
+
 SPEC = OpSpec(
     name="moe-decode",
     distribution="infera-moe-decode",
-    seam="out-of-tree UnquantizedFusedMoEMethod whose experts subclass vLLM's (TritonExperts on GPUs)",
+    seam="out-of-tree UnquantizedFusedMoEMethod whose experts subclass vLLM's (TritonExperts on GPUs); "
+         "FP8 MoE methods' TritonExperts, through the FP8 oracle's backend_to_kernel_cls",
     vllm=">=0.24,<0.33",
     requires=(
         Symbol("vllm.model_executor.layers.fused_moe", "UnquantizedFusedMoEMethod.register_oot"),
@@ -14,6 +17,11 @@ SPEC = OpSpec(
         Symbol("vllm.model_executor.layers.fused_moe.experts.triton_moe", "TritonExperts.apply",
                params=("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
                        "expert_map", "apply_router_weight_on_input")),
+        Symbol("vllm.model_executor.layers.fused_moe.experts.triton_moe", "TritonExperts.expects_unquantized_inputs",
+               vllm=FP8_SEAM),
+        Symbol("vllm.model_executor.layers.fused_moe.oracle.fp8", "backend_to_kernel_cls", params=("backend",),
+               vllm=FP8_SEAM),
+        Symbol("vllm.model_executor.layers.fused_moe.oracle.fp8", "Fp8MoeBackend.TRITON", vllm=FP8_SEAM),
     ),
     gpu_families=GPU_FAMILIES,
     activate="infera_ops.moe_decode.seam:activate",
