@@ -222,9 +222,11 @@ def step_attn_e2e(r: Runner, a) -> None:
     """FLASH_ATTN vs CUSTOM end to end: `infera-vllm validate --preset attn-paged-h200` (dummy-weight
     Llama-3-8B, Qwen3-8B and gpt-oss-20b shapes; results accumulate in attn-paged-h200.json, a model per call);
     --smollm2 adds SmolLM2's real-weight agreement (`validate --preset smollm2`: off, off2, TRITON_ATTN,
-    attn-paged)."""
+    attn-paged). ``--kv-cache-dtype fp8``: the attn-paged-fp8-h200 preset instead (the dense models, every run on an
+    fp8 cache: FLASH_ATTN's FA3 with fp8 queries against our kernels with bf16 queries)."""
     r.use_tuning("INFERA_ATTN_PAGED_TUNING", ATTN_TUNING)
-    validate_preset(r, "attn-paged-h200", a.models, None, a.budget_s)
+    validate_preset(r, "attn-paged-fp8-h200" if a.kv_cache_dtype == "fp8" else "attn-paged-h200", a.models, None,
+                    a.budget_s)
     if a.smollm2:
         validate_preset(r, "smollm2", None, None, 300, ["--runs", "off2,off-triton,attn-paged", "--rounds", "1"],
                         log="validate_smollm2.txt", env={"INFERA_SMOLLM2_DIR": SMOLLM2})
@@ -489,6 +491,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--models", help="e.g. qwen3-8b (one model fits a call)")
     s.add_argument("--budget-s", type=float, default=540)
     s.add_argument("--smollm2", action="store_true", help="also SmolLM2's agreement run")
+    s.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="fp8: the fp8-cache preset")
     s = step("step-probe")
     s.add_argument("--model", default="llama-3-8b", help="a model of benchmarks/validation/matrix.json")
     s.add_argument("--backends", default="FLASH_ATTN,TRITON_ATTN,CUSTOM,CUSTOM-kernel")

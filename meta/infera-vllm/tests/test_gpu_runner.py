@@ -48,6 +48,11 @@ def test_dry_run_prints_the_steps_commands(step, capsys):
     assert expect in capsys.readouterr().out
 
 
+def test_attn_e2e_on_an_fp8_cache_runs_its_preset(capsys):
+    assert run.main(["--out", ".", "--dry-run", "attn-e2e", "--models", "llama-3-8b", "--kv-cache-dtype", "fp8"]) == 0
+    assert "validate --preset attn-paged-fp8-h200 --models llama-3-8b" in capsys.readouterr().out
+
+
 def test_tests_step_selects_within_a_package(capsys):
     assert run.main(["--out", ".", "--dry-run", "tests", "--packages", "infera-attn-paged", "--select", "fa3"]) == 0
     (cmd,) = [line for line in capsys.readouterr().out.splitlines() if "pytest" in line]

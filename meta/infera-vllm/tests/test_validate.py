@@ -962,7 +962,7 @@ def test_presets_are_the_end_to_end_benchmarks():
     """Each preset is a matrix file of the plugin whose models are the matrix's configs (the context limit
     raised to the preset's longest prompt where needed; gpt-oss-20b with fewer experts in the attention
     preset) and whose options are validate's."""
-    assert validate.presets() == ["attn-paged-h200", "linear-llama3-h200",
+    assert validate.presets() == ["attn-paged-fp8-h200", "attn-paged-h200", "linear-llama3-h200",
                                   "moe-decode-h200", "norm-qwen3-h200", "norm-smollm2-h200", "parallel-h200x2",
                                   "parallel-random-h200x2", "smollm2"]
     for name in validate.presets():
@@ -996,6 +996,10 @@ def test_presets_are_the_end_to_end_benchmarks():
     for name in ("moe-decode-h200", "linear-llama3-h200", "parallel-h200x2", "parallel-random-h200x2"):
         for m in json.loads(Path(validate.preset_path(name)).read_text())["models"]:
             assert m["config"] == matrix[m["name"]]["config"], (name, m["name"])
+    fp8 = json.loads(Path(validate.preset_path("attn-paged-fp8-h200")).read_text())
+    assert fp8["options"] == {**preset["options"], "llm_kwargs": {**preset["options"]["llm_kwargs"],
+                                                                   "kv_cache_dtype": "fp8"}}
+    assert fp8["models"] == preset["models"][:2]  # the bf16 preset's dense models, on an fp8 cache
     attn_qwen3 = json.loads(Path(validate.preset_path("attn-paged-h200")).read_text())["models"][1]
     (norm_qwen3,) = json.loads(Path(validate.preset_path("norm-qwen3-h200")).read_text())["models"]
     assert {**norm_qwen3["config"], "max_position_embeddings": None} == {**attn_qwen3["config"],
