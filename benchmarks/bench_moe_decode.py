@@ -66,7 +66,7 @@ class Case:
 
     def __init__(self, weights: tuple, dims: str, M: int, gen: torch.Generator):
         E, H, I, K = DIMS[dims]
-        self.dims, self.M, (self.w13, self.w2) = dims, M, weights[:2]
+        self.dims, self.M, (self.w13, self.w2, self.scales) = dims, M, weights
         self.x = [torch.randn(M, H, generator=gen).to("cuda", torch.bfloat16) for _ in range(ROTATIONS)]
         self.routing = []
         perm = torch.randperm(E, generator=gen)

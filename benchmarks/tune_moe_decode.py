@@ -27,8 +27,14 @@
 
     python benchmarks/tune_moe_decode.py [--write] [--tokens 1,2,4,8,16] [--forms split,...,stream]
                                          [--baseline policy.json] [--reuse tune_moe_decode.json] [--out DIR]
+                                         [--fp8]
 
 The file also goes to OUT/<family>.json for runs that use it through INFERA_MOE_DECODE_TUNING.
+
+``--fp8``: the same for FP8 experts, written as the file's ``fp8`` section (the rest of the family's file kept):
+block-FP8 weights (bench_moe_decode.make_weights) at every dims, vLLM's Triton FP8 experts as the baseline,
+the forms that read FP8 weights (split, split_sum), a candidate's answer checked against the fp32 reference
+over the dequantized weights (vLLM's quantizes its activations, so it is no judge of ours).
 """
 
 from __future__ import annotations
@@ -90,10 +96,14 @@ class Scorer:
     """Cases of every dims at one M, vLLM's time on each, and a cache of candidate scores."""
 
     def __init__(self, weights: dict, M: int, gen: torch.Generator):
-        theirs = vllm_experts()
+        from infera_ops.moe_decode.reference import moe_experts_reference
+
         self.cases = [Case(weights[d], d, M, gen) for d in DIMS]
-        self.want = [c.run(theirs) for c in self.cases]
-        self.vllm_us = [c.time_us(theirs) for c in self.cases]
+        theirs = [vllm_experts(c.scales) for c in self.cases]
+        self.want = [c.run(t) if c.scales is None else
+                     moe_experts_reference(c.x[0], c.w13, c.w2, *c.routing[0], scales=c.scales).to(c.x[0].dtype)
+                     for c, t in zip(self.cases, theirs)]
+        self.vllm_us = [c.time_us(t) for c, t in zip(self.cases, theirs)]
         self.seen: dict[tuple, tuple[float, list[float]]] = {}
 
     def __call__(self, params: dict) -> tuple[float, list[float]]:
@@ -106,12 +116,12 @@ class Scorer:
         if key not in self.seen:
             cfg = LaunchConfig(**params)
 
-            def ours(x, w13, w2, weights, ids):
-                return launch.moe_experts(x, w13, w2, weights, ids, config=cfg)
-
             times = []
             try:
                 for case, want in zip(self.cases, self.want):
+                    def ours(x, w13, w2, weights, ids, scales=case.scales):
+                        return launch.moe_experts(x, w13, w2, weights, ids, config=cfg, scales=scales)
+
                     ok = rel_err(case.run(ours), want) <= 2e-2  # a wrong answer (or NaN) is never a candidate
                     times.append(case.time_us(ours) if ok else float("inf"))
             except OutOfResources as exc:  # tiles beyond the GPU's shared memory: refused before the launch
@@ -178,19 +188,23 @@ def baseline_candidates(base, M: int, recorded: dict | None = None) -> tuple[dic
     return common, [p for i, p in enumerate(timed) if p != common and p not in timed[:i]]
 
 
-def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None, reuse: dict | None = None) -> dict:
+def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None, reuse: dict | None = None,
+         fp8: bool = False) -> dict:
     from infera_ops.moe_decode import policy
     from infera_vllm.platform import detect_gpu_family
 
     family, _ = detect_gpu_family()
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    weights = {d: make_weights(d) for d in DIMS}
+    weights = {d: make_weights(d, "block" if fp8 else None) for d in DIMS}
     rows, by_tokens, served, by_shape, swept = [], {}, {d: [] for d in DIMS}, {}, {}
     base = None
+    family_file = os.environ.get("INFERA_MOE_DECODE_TUNING") or os.path.join(
+        os.path.dirname(policy.__file__), "tuning", f"{family}.json")  # what an fp8 section is written into
     if baseline:
         os.environ["INFERA_MOE_DECODE_TUNING"] = baseline
         base = policy.load(family)
+        base = base.fp8 if fp8 and base else base
     for M in tokens:
         if reuse is not None:
             if str(M) not in reuse:
@@ -230,22 +244,32 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
         if row["speedup"] >= MIN_SPEEDUP:
             served[row["dims"]].append(row["M"])
     max_tokens = served_everywhere(served, tokens)
-    doc = {"comment": f"written by benchmarks/tune_moe_decode.py on {torch.cuda.get_device_name()} over "
-                      f"{', '.join(DIMS)} dims; served = M where the tuned kernel is >= {MIN_SPEEDUP}x vLLM's "
-                      "fused_experts for that expert shape; max_tokens for other shapes",
-           "min_speedup": MIN_SPEEDUP, "max_tokens": max_tokens, "measured": list(tokens),
-           "served": {policy.shape_key(*DIMS[d]): sorted(ms) for d, ms in served.items()},
-           "config": by_tokens[str(tokens[-1])], "by_tokens": by_tokens, "by_shape": by_shape}
-    if write:
-        path = os.path.join(os.path.dirname(policy.__file__), "tuning", f"{family}.json")
-        with open(path, "w") as f:
+    section = {"comment": f"written by benchmarks/tune_moe_decode.py{' --fp8' if fp8 else ''} on "
+                          f"{torch.cuda.get_device_name()} over {', '.join(DIMS)} dims; served = M where the tuned "
+                          f"kernel is >= {MIN_SPEEDUP}x vLLM's {'FP8 ' if fp8 else ''}fused_experts for that expert "
+                          "shape; max_tokens for other shapes",
+               "min_speedup": MIN_SPEEDUP, "max_tokens": max_tokens, "measured": list(tokens),
+               "served": {policy.shape_key(*DIMS[d]): sorted(ms) for d, ms in served.items()},
+               "config": by_tokens[str(tokens[-1])], "by_tokens": by_tokens, "by_shape": by_shape}
+    doc = section
+    if fp8:  # the family's file with this as its fp8 section
+        with open(family_file) as f:
+            doc = {**json.load(f), "fp8": section}
+    path = os.path.join(os.path.dirname(policy.__file__), "tuning", f"{family}.json")
+
+    def save():
+        if write:
+            with open(path, "w") as f:
+                json.dump(doc, f, indent=1)
+            print(f"wrote {path}")
+        with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
             json.dump(doc, f, indent=1)
-        print(f"wrote {path}")
+
     os.makedirs(out, exist_ok=True)
     os.environ["INFERA_MOE_DECODE_TUNING"] = os.path.join(out, f"{family}.json")
-    with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
-        json.dump(doc, f, indent=1)
+    save()
     loaded = policy.load(family)
+    loaded = loaded.fp8 if fp8 else loaded
     dropped = []
     for M in tokens:  # re-profile through the file's own lookup, on fresh inputs
         score = Scorer(weights, M, gen)
@@ -262,38 +286,42 @@ def tune(tokens, write: bool, out: str, forms=FORMS, baseline: str | None = None
     if dropped:
         for dims, M in dropped:
             served[dims].remove(M)
-            doc["served"][policy.shape_key(*DIMS[dims])].remove(M)
+            section["served"][policy.shape_key(*DIMS[dims])].remove(M)
             print(f"!!! re-profile: {dims} at M={M} slower than vLLM through the file's lookup: no longer served",
                   flush=True)
-        doc["max_tokens"] = served_everywhere(served, tokens)
-        with open(os.environ["INFERA_MOE_DECODE_TUNING"], "w") as f:
-            json.dump(doc, f, indent=1)
-        if write:
-            with open(path, "w") as f:
-                json.dump(doc, f, indent=1)
-    return {"family": family, "dims": DIMS, "tuning_file": doc, "rows": rows, "dropped": dropped, "swept": swept}
+        section["max_tokens"] = served_everywhere(served, tokens)
+        save()
+    return {"family": family, "dims": DIMS, "fp8": fp8, "tuning_file": doc, "rows": rows, "dropped": dropped,
+            "swept": swept}
 
 
 def main() -> int:
     parser = arguments(__doc__)
     parser.add_argument("--write", action="store_true", help="update the package's tuning/<family>.json")
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts")
-    parser.add_argument("--forms", default=",".join(FORMS), help="comma-separated forms to tune")
+    parser.add_argument("--forms", default=None, help="comma-separated forms to tune (default: all, or with "
+                                                      "--fp8 those that read FP8 weights)")
+    parser.add_argument("--fp8", action="store_true", help="FP8 experts: the file's fp8 section")
     parser.add_argument("--baseline", default=None, help="a tuning file whose launch per M is one more candidate")
     parser.add_argument("--reuse", default=None,
                         help="an earlier run's tune_moe_decode.json: its candidates' times instead of a sweep")
     args = parser.parse_args()
     machine = describe_machine()
     out = args.out or results_dir(machine)
-    forms = tuple(args.forms.split(","))
-    if not set(forms) <= set(FORMS):
-        parser.error(f"--forms: expected some of {', '.join(FORMS)}")
+    from infera_ops.moe_decode.launch import SCALED_FORMS
+
+    allowed = SCALED_FORMS if args.fp8 else FORMS
+    forms = tuple(args.forms.split(",")) if args.forms else allowed
+    if not set(forms) <= set(allowed):
+        parser.error(f"--forms: expected some of {', '.join(allowed)}")
     reuse = None
     if args.reuse:
         with open(args.reuse) as f:
             reuse = json.load(f)["swept"]
-    result = tune(tuple(int(t) for t in args.tokens.split(",")), args.write, out, forms, args.baseline, reuse)
-    path = write_json(out, "tune_moe_decode", {"benchmark": "tune_moe_decode", "machine": machine, **result})
+    result = tune(tuple(int(t) for t in args.tokens.split(",")), args.write, out, forms, args.baseline, reuse,
+                  args.fp8)
+    name = "tune_moe_decode_fp8" if args.fp8 else "tune_moe_decode"
+    path = write_json(out, name, {"benchmark": name, "machine": machine, **result})
     print(f"wrote {path}")
     return 0
 

@@ -260,8 +260,15 @@ def step_moe(r: Runner, a) -> None:
 def step_moe_fp8(r: Runner, a) -> None:
     """infera-moe-decode on FP8 experts: the FP8 kernel tests at GPU sizes (-k fp8), then the kernels against
     vLLM's Triton FP8 experts (bench_moe_decode.py --fp8): block FP8 at Qwen3-30B-A3B and DeepSeek-V3 dims,
-    per-tensor FP8 at Mixtral dims, M 1-16, every FP8 form timed where the tuning has no FP8 section."""
+    per-tensor FP8 at Mixtral dims, M 1-16, every FP8 form timed where the tuning has no FP8 section. With
+    --tune the FP8 sweep instead (tune_moe_decode.py --fp8: the family's file with its fp8 section, to
+    sm90.json and /tmp for the next call; merged into an earlier call's /tmp file if there is one)."""
     r.use_tuning("INFERA_MOE_DECODE_TUNING", MOE_TUNING)
+    if a.tune:
+        r.run(py("benchmarks/tune_moe_decode.py", "--fp8", "--out", r.out, *shlex.split(a.tune_args)),
+              log="tune_moe_decode_fp8.log", timeout=a.tune_timeout)
+        r.run(["cp", str(r.out / "sm90.json"), MOE_TUNING])
+        return
     if a.tests:
         r.pytest(["packages/infera-moe-decode/tests"], "pytest_moe_decode_fp8.txt", timeout=a.tests_timeout,
                  select="fp8 and not vllm")
@@ -508,6 +515,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--bench-args", default="", help="more bench_moe_decode.py arguments, e.g. '--dims mixtral'")
     s.add_argument("--bench-timeout", type=float, default=480)  # every row also times four traffic floors
     s = step("moe-fp8")
+    switch(s, "tune", False, "the FP8 tuning sweep (alone: one call)")
+    s.add_argument("--tune-args", default="", help="more tune_moe_decode.py arguments, e.g. '--tokens 1,2,4'")
+    s.add_argument("--tune-timeout", type=float, default=560)
     switch(s, "tests", True, "the FP8 kernel tests at GPU sizes first")
     s.add_argument("--tests-timeout", type=float, default=150)
     switch(s, "bench", True, "the FP8 kernels against vLLM's FP8 experts")
