@@ -56,6 +56,27 @@ def test_fused_add_rms_norm(M, H, dtype, atol, rtol):
     _assert_close(y, y_ref, atol, rtol)
 
 
+@pytest.mark.parametrize("M, H", [(3, 2304), (5, 123), (2, 2560)])
+@pytest.mark.parametrize("fused", [False, True])
+def test_fp32_weight_as_gemma_passes_it(M, H, fused):
+    """GemmaRMSNorm passes ``1 + w`` in fp32: no rounding of the normalised row before the multiply (vLLM's
+    native numerics for an fp32 weight), one rounding of the output to bf16."""
+    x = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE) * 2
+    r = torch.randn(M, H, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.randn(H, device=DEVICE) * 0.3 + 1.0
+    if fused:
+        y, h = launch.fused_add_rms_norm(x, r, w, 1e-6, out=_poisoned(x.shape, torch.bfloat16),
+                                         residual_out=_poisoned(x.shape, torch.bfloat16))
+        y_ref, h_ref = fused_add_rms_norm_reference(x, r, w, 1e-6)
+        _assert_close(h, h_ref, 1e-2, 1e-2)
+    else:
+        y, y_ref = launch.rms_norm(x, w, 1e-6, out=_poisoned(x.shape, torch.bfloat16)), rms_norm_reference(x, w, 1e-6)
+    assert y.dtype == torch.bfloat16
+    # one bf16 rounding only: within half a bf16 unit of the fp32 result (a rounding of the row first would
+    # add another)
+    _assert_close(y, y_ref, 1e-6, 2**-8)
+
+
 def test_strided_view_and_leading_dims():
     # q and k of a fused qkv projection: views with row stride 3*H; and a [B, T, H] input
     qkv = torch.randn(6, 3 * 128, dtype=torch.bfloat16, device=DEVICE)

@@ -45,6 +45,15 @@ with ir.ops.rms_norm.set_priority(["infera", "native"]), ir.ops.fused_add_rms_no
     out["fused_err"] = max(rel(y2, y_ref), rel(h2, h_ref))
     # the functional overload clones for in-place impls
     out["inputs_kept"] = bool(torch.equal(xi, x) and torch.equal(ri, r))
+    # GemmaRMSNorm passes 1 + w in fp32, with and without the residual
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+    with set_current_vllm_config(VllmConfig()):
+        gemma = GemmaRMSNorm(576, eps=1e-6).to(dtype=torch.bfloat16, device=dev)
+    gemma.weight.data.normal_(0, 0.3)
+    g = gemma.weight.float() + 1.0
+    gy, gh = gemma(x.clone(), r.clone())
+    y_ref, h_ref = fused_add_rms_norm_reference(x, r, g, 1e-6)
+    out["gemma_err"] = max(rel(gemma(x), rms_norm_reference(x, g, 1e-6)), rel(gy, y_ref), rel(gh, h_ref))
 coverage.write_report()
 rep = json.load(open(glob.glob(os.path.join(os.environ["INFERA_VLLM_REPORT_DIR"], "*.json"))[0]))
 out["ops"] = {o["op"]: [o["status"], o["reason"], o["detail"]] for o in rep["ops"]}
@@ -71,10 +80,10 @@ def test_named_op_serves_ir_calls_and_goes_first(tmp_path):
     if res["priority"] is not None:
         assert res["priority"][0] == "infera"
     assert res["rms_err"] < 2e-2 and res["layer_err"] < 2e-2 and res["fused_err"] < 2e-2, res  # two bf16 roundings
-    assert res["inputs_kept"]
+    assert res["inputs_kept"] and res["gemma_err"] < 1e-2, res  # Gemma: one bf16 rounding of the output
     # rms_norm: the direct call and the RMSNorm layer took the kernel, the fp32 call fell back
     counts = {(route, reason): n for route, reason, _bucket, n in res["counts"]}
-    assert counts[("kernel", "")] == 3  # two rms_norm calls (direct, layer) + one fused
+    assert counts[("kernel", "")] == 5  # two rms_norm calls (direct, layer) + one fused; Gemma's two
     assert counts[("fallback", "dtype")] == 1
     # the self-check ran the first call of the bucket against vLLM's native implementation: it agreed
     assert res["self_check"] and all(failed == 0 and passed >= 1 for _, _, passed, failed, _ in res["self_check"])

@@ -62,6 +62,7 @@ def _rms_norm_fwd_kernel(
         if HAS_WEIGHT:
             # Round to the weight dtype first (vLLM's numerics), multiply in fp32: the product of two
             # 8-bit-mantissa values is exact in fp32, so the final rounding equals a bf16 multiply's, and
-            # Triton's interpreter (CPU tests) has no bf16 arithmetic of its own.
+            # Triton's interpreter (CPU tests) has no bf16 arithmetic of its own. An fp32 weight
+            # (GemmaRMSNorm's 1 + w) keeps the row in fp32, as vLLM's native provider does.
             y = y.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
         tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)

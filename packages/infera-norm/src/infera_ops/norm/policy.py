@@ -69,8 +69,8 @@ def decline_reason(x: Tensor, weight: Optional[Tensor], variance_size, residual:
         return "variance-size"
     if x.dtype not in DTYPES:
         return "dtype"
-    if weight is not None and weight.dtype != x.dtype:
-        return "weight-dtype"
+    if weight is not None and weight.dtype not in (x.dtype, torch.float32):
+        return "weight-dtype"  # fp32 weights: vLLM's GemmaRMSNorm passes 1 + w in fp32
     if x.shape[-1] > MAX_HIDDEN:
         return "hidden-size"
     if x.stride(-1) != 1:

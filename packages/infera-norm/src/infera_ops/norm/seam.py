@@ -138,13 +138,20 @@ def _eager_to_vllm_c(x: Tensor, capturing: bool, checking: bool) -> bool:
     return not capturing and not checking and x.numel() // x.shape[-1] < _handover["eager_min"]
 
 
+def _same_dtype(x: Tensor, weight: Optional[Tensor]) -> bool:
+    """Whether vllm_c's ops could take the call: they read the weight in x's dtype, so an fp32 weight
+    (GemmaRMSNorm's ``1 + w``, which vLLM's own vllm_c provider declines for that reason, leaving it to the
+    native one) stays on the kernel, whose multiply is vLLM's for either weight dtype."""
+    return weight is None or weight.dtype == x.dtype
+
+
 def _rms_norm_op(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tensor:
     check, bucket, capturing = _checked_bucket(x)
     if check is not None and check.declined(bucket):  # a self-check mismatch: vLLM's implementation serves
         _handover["count"](self_check.MISMATCH, x)
         return _native("rms_norm")(x, weight, epsilon)
     checking = check is not None and check.wants(bucket, capturing)
-    vllm_c = _handover["vllm_c_rms"]
+    vllm_c = _handover["vllm_c_rms"] if _same_dtype(x, weight) else None
     if vllm_c is not None and weight is not None and x.is_contiguous() and _eager_to_vllm_c(x, capturing, checking):
         _handover["count"]("eager-launch-cost", x)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -166,7 +173,7 @@ def _rms_norm_fake(x: Tensor, weight: Optional[Tensor], epsilon: float) -> Tenso
 
 
 def _fused_add_rms_norm_op(x: Tensor, residual: Tensor, weight: Optional[Tensor], epsilon: float) -> None:
-    vllm_c = _handover["vllm_c"]
+    vllm_c = _handover["vllm_c"] if _same_dtype(x, weight) else None
     if vllm_c is not None and policy.vllm_c_hands_over(x.numel() // x.shape[-1], x.shape[-1]):
         _handover["count"]("vllm-c-faster", x)
         vllm_c(x.view(-1, x.shape[-1]), residual.view(-1, x.shape[-1]), weight, epsilon)
