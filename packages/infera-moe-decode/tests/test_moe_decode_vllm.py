@@ -19,24 +19,24 @@ pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build]
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU integration test under TRITON_INTERPRET=1 (nox sets it)", allow_module_level=True)
 
-MAKE = r"""
-import sys, torch
+# random, not zeros: a routing or numerics bug must show in the outputs. The attention's output projection
+# small, so that the experts' output dominates the residual stream and so the logits: in fp32 (transformers) a
+# SiLU dropped, router weights ignored or one expert skipped then moves the log-probs 11-15x as far as the
+# whole model's bf16 rounding does (0.07), against 1-5x with all at 0.2
+MODEL = r"""
+import json, os, sys, torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 torch.manual_seed(0)
-cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=32,
+cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=HIDDEN, intermediate_size=256, moe_intermediate_size=MOE_INTER,
                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
                      num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=512,
                      norm_topk_prob=True, tie_word_embeddings=False)
 model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
 with torch.no_grad():
     for name, p in model.named_parameters():
-        # random, not zeros: a routing or numerics bug must show in the outputs. The attention's output
-        # projection small, so that the experts' output dominates the residual stream and so the logits:
-        # in fp32 (transformers) a SiLU dropped, router weights ignored or one expert skipped then moves the
-        # log-probs 11-15x as far as the whole model's bf16 rounding does (0.07), against 1-5x with all at 0.2
         p.normal_(0, 0.02 if "o_proj" in name else 0.2)
-model.save_pretrained(sys.argv[1])
 """
+MAKE = MODEL.replace("HIDDEN", "128").replace("MOE_INTER", "32") + "model.save_pretrained(sys.argv[1])\n"
 
 RUN = r"""
 import json, sys
@@ -63,21 +63,10 @@ if __name__ == "__main__":
 # W13 and along W2's rows), the experts' weights quantized block-wise with a different magnitude per row band
 # (scales != 1); every linear but the experts in ignored_layers, as the CPU build has no FP8 linear kernels
 # (vllm-seams.md). Beside it the reference checkpoint: the same weights with the experts dequantized, in fp32.
-MAKE_FP8 = r"""
-import json, os, sys, torch
+MAKE_FP8 = MODEL.replace("HIDDEN", "256").replace("MOE_INTER", "128") + r"""
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-torch.manual_seed(0)
 fp8_dir, ref_dir = sys.argv[1], sys.argv[2]
 BLOCK = 128
-cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=256, intermediate_size=256, moe_intermediate_size=128,
-                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-                     num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=512,
-                     norm_topk_prob=True, tie_word_embeddings=False)
-model = Qwen3MoeForCausalLM(cfg).to(torch.bfloat16)
-with torch.no_grad():
-    for name, p in model.named_parameters():
-        p.normal_(0, 0.02 if "o_proj" in name else 0.2)
 model.save_pretrained(fp8_dir)
 model.save_pretrained(ref_dir)
 tensors = load_file(os.path.join(fp8_dir, "model.safetensors"))
