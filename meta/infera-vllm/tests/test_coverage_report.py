@@ -112,6 +112,10 @@ def test_bad_files_beside_good_ones_are_named_and_skipped(tmp_path):
                           text=True)
     assert proc.returncode == 0 and "norm" in proc.stdout, proc.stderr
     assert proc.stderr.count("skipped ") == 3 and "infera-list-2.json" in proc.stderr
+    one = str(tmp_path / "infera-list-2.json")  # a report file given: one line naming the directory to give
+    proc = subprocess.run([sys.executable, "-m", "infera_vllm", "report", one], capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"is a file: give the directory that holds the infera-*.json reports ({str(tmp_path)!r})" in proc.stderr
 
 
 def test_write_report_round_trips_through_merge(tmp_path):

@@ -34,6 +34,9 @@ def load(directory: str, problems: list[tuple[str, str]] | None = None) -> list[
     """The reports in ``directory``. A file that is not a mergeable report raises ValueError naming it, or,
     with ``problems`` given, is skipped and recorded there as (path, why); ValueError too when no file is
     left to merge."""
+    if os.path.isfile(directory):
+        raise FileNotFoundError(f"{directory!r} is a file: give the directory that holds the infera-*.json "
+                                f"reports ({os.path.dirname(directory) or '.'!r})")
     paths = sorted(glob.glob(os.path.join(directory, "infera-*.json")))
     if not paths:
         raise FileNotFoundError(f"no infera-*.json reports in {directory!r}")
