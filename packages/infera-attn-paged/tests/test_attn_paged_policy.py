@@ -171,6 +171,22 @@ def test_tuning_file_by_head_size(tmp_path, monkeypatch):
     policy._table.cache_clear()
 
 
+def test_an_unusable_tuning_file_declines_the_op_bad_tuning(tmp_path, monkeypatch):
+    """As the other ops name it: the decline's code and the reader's message, no activate-error."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    pytest.importorskip("vllm")
+    from infera_ops.attn_paged import seam
+
+    monkeypatch.setenv("INFERA_ATTN_PAGED_TUNING", str(tmp_path / "missing.json"))
+    policy._table.cache_clear()
+    why = seam.check(SimpleNamespace(env=SimpleNamespace(gpu_family="sm90")))
+    policy._table.cache_clear()
+    assert why is not None and why.code == "bad-tuning" and "INFERA_ATTN_PAGED_TUNING" in why.detail, why
+
+
 def test_tuning_file_prefill_section_and_reduce_warps(tmp_path, monkeypatch):
     import json
 

@@ -64,13 +64,16 @@ BACKEND = "infera_ops.attn_paged.seam.InferaAttentionBackend"
 
 
 def check(ctx) -> Decline | None:
-    """The platform and the tuning file: one that cannot be used raises, which the plugin turns into an
-    ``activate-error`` decline with the message, in serving and in ``doctor`` alike. The switches (spec.py)
-    were parsed by the plugin before this; a refused value declined the op ``bad-switch``."""
+    """The platform and the tuning file: one that cannot be used declines the op ``bad-tuning`` with the
+    message (as the other ops name it), in serving and in ``doctor`` alike. The switches (spec.py) were
+    parsed by the plugin before this; a refused value declined the op ``bad-switch``."""
     off = interpreter_off(ctx.env.gpu_family, "vLLM's CPU attention")
     if off is not None:
         return off
-    policy.load(ctx.env.gpu_family or "unknown")
+    try:
+        policy.load(ctx.env.gpu_family or "unknown")
+    except policy.TuningError as exc:
+        return Decline("bad-tuning", str(exc))
     return None
 
 
