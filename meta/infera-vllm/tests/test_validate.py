@@ -623,6 +623,14 @@ def test_validate_is_an_infera_vllm_subcommand():
     assert "--batches" in out.stdout and "--tp" in out.stdout and "--matrix" in out.stdout
 
 
+@pytest.mark.parametrize("command", [[], ["validate"], ["doctor"], ["report"], ["tune"]])
+def test_help_is_plain_text(command):
+    """No reStructuredText markup from the docstrings the help is made of."""
+    out = subprocess.run([sys.executable, "-m", "infera_vllm", *command, "--help"], capture_output=True, text=True,
+                         check=True)
+    assert "usage: infera-vllm" in out.stdout and "``" not in out.stdout, out.stdout
+
+
 # ---- the matrix and docs/results.md ------------------------------------------------------------------------
 
 def _load(path: Path, name: str):

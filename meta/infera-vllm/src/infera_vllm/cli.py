@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
         from infera_vllm import validate
 
         return validate.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="infera-vllm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="infera-vllm", description=__doc__.replace("``", ""))  # no reST markup
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="versions, GPU family, every installed op's verdict, the switches")
     doc.add_argument("--model", metavar="PATH_OR_CONFIG", help="also say which layers of this model each op would take")

@@ -1182,7 +1182,7 @@ def preset_path(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="infera-vllm validate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="infera-vllm validate", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("model", nargs="*", help="model directories (config.json and weights)")
     p.add_argument("--dummy", action="store_true", help="the directories hold a config only: dummy weights")
     p.add_argument("--matrix", help="a matrix file (benchmarks/validation/matrix.json): models and options")
