@@ -128,8 +128,12 @@ def _experts_class(base: type, tuned: Tuning, count: coverage.CallCounts, check:
             super().process_weights_after_loading(layer)
 
         def _infera_scales(self):
-            block = self.block_shape
-            return launch.ExpertScales(self.w1_scale, self.w2_scale, None if block is None else tuple(block))
+            """The FP8 weights' scales from the quant config vLLM built, made once (fixed after loading)."""
+            if getattr(self, "_infera_scales_made", None) is None:
+                block = self.block_shape
+                self._infera_scales_made = launch.ExpertScales(self.w1_scale, self.w2_scale,
+                                                               None if block is None else tuple(block))
+            return self._infera_scales_made
 
         def _infera_fallback(self, args, scales, kw1, kw2):
             if parent_serves:
