@@ -301,7 +301,7 @@ def main() -> int:
     doc = {"benchmark": "bench_attn_paged_kv_quant", "machine": machine, "copy_ceiling_tb_s": ceiling,
            "ours_from": ours_from, "fa3_available": fa3_ok, "fa3_unavailable_reason": fa3_reason,
            "per_tensor_scale": PER_TENSOR_SCALE, "rows": rows, "wall_s": time.time() - t0}
-    print("wrote", write_json(out_dir, "bench_attn_paged_kv_quant.json", doc))
+    print("wrote", write_json(out_dir, "bench_attn_paged_kv_quant", doc))
     plot(rows, os.path.join(out_dir, "bench_attn_paged_kv_quant.png"))
     return 0 if all(r["ours_ok"] for r in rows) else 2
 

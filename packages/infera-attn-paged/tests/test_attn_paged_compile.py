@@ -61,6 +61,19 @@ def quant_pointers(family: str, kv_quant: int) -> dict:
     return dict(POINTERS, k_ptr=cache, v_ptr=cache, k_scale_ptr="*fp32", v_scale_ptr="*fp32")
 
 
+# TRITON_ATTN's per-(token, head) layout (launch.kv_alignment): each K and V row carries its fp32 scale inline,
+# so the value cache's base and the position strides are multiples of 4 bytes, not 16, as the launch finds them
+PER_TOKEN_HEAD_UNALIGNED = ("v_ptr", "k_pos_stride", "v_pos_stride", "scale_pos_stride")
+
+
+def quant_layout(kv_quant: int) -> dict:
+    """The KV_ALIGN constexpr and the arguments Triton sees unaligned, as a launch over vLLM's caches of that
+    KV_QUANT passes them."""
+    if kv_quant == launch.KV_PER_TOKEN_HEAD:
+        return dict(constexprs=dict(KV_ALIGN=4), unaligned=PER_TOKEN_HEAD_UNALIGNED)
+    return dict(constexprs=dict(KV_ALIGN=16), unaligned=())
+
+
 def _features(on):
     return dict(HAS_SINKS=on, HAS_SOFTCAP=on, HAS_WINDOW=on, FP32_DOT=False)
 
@@ -109,16 +122,18 @@ def compile_cases(family: str) -> list[aot.Case]:
             consts = dict(G=G, BLOCK_G=max(16, gm), D=D, BLOCK_D=BLOCK_D, PAGE=PAGE,
                           BLOCK_N=c.block_n, SPLIT=split, USE_PDL=split and cuda and not merge, MERGE=merge,
                           BLOCK_GM=gm, BLOCK_S=launch.merge_step(gm, BLOCK_D, launch.MAX_SPLITS),
-                          KV_QUANT=launch.KV_PLAIN, **_features(split))
+                          KV_QUANT=launch.KV_PLAIN, KV_ALIGN=16, **_features(split))
             what = ("split, merged in the kernel" if merge else "split") if split else "one slice"
             case(_paged_decode_kernel, f"decode D={D} G={G} {what}",
                  _launch(c, BLOCK_N=c.block_n), pointers=POINTERS, constexprs=consts, floats=FLOATS,
                  num_warps=c.num_warps, num_stages=c.num_stages)
             if (D, G) in QUANT_HEADS and not merge:
                 for kv_quant, kind in ((launch.KV_PER_TENSOR, "fp8"), (launch.KV_PER_TOKEN_HEAD, "int8/token")):
+                    layout = quant_layout(kv_quant)
                     case(_paged_decode_kernel, f"decode D={D} G={G} {what} {kind}",
                          _launch(c, BLOCK_N=c.block_n), kv_quant, pointers=quant_pointers(family, kv_quant),
-                         constexprs=dict(consts, KV_QUANT=kv_quant), floats=FLOATS, num_warps=c.num_warps,
+                         constexprs=dict(consts, KV_QUANT=kv_quant, **layout["constexprs"]),
+                         unaligned=layout["unaligned"], floats=FLOATS, num_warps=c.num_warps,
                          num_stages=c.num_stages)
         consts = dict(D=D, BLOCK_D=BLOCK_D, BLOCK_S=launch.REDUCE_BLOCK_S, HAS_SINKS=True, HAS_WINDOW=True,
                       USE_PDL=cuda)
@@ -132,10 +147,12 @@ def compile_cases(family: str) -> list[aot.Case]:
                  floats=FLOATS, num_warps=pcfg.num_warps, num_stages=pcfg.num_stages)
             if (D, G) in QUANT_HEADS and not on:
                 for kv_quant, kind in ((launch.KV_PER_TENSOR, "fp8"), (launch.KV_PER_TOKEN_HEAD, "int8/token")):
+                    layout = quant_layout(kv_quant)
                     case(_paged_prefill_kernel, f"prefill D={D} G={G} plain {kind}",
                          _launch(pcfg, BLOCK_M=block_m, BLOCK_N=pcfg.block_n), kv_quant, pointers=quant_pointers(
-                             family, kv_quant), constexprs=dict(consts, KV_QUANT=kv_quant), floats=FLOATS,
-                         num_warps=pcfg.num_warps, num_stages=pcfg.num_stages)
+                             family, kv_quant), constexprs=dict(consts, KV_QUANT=kv_quant, **layout["constexprs"]),
+                         unaligned=layout["unaligned"], floats=FLOATS, num_warps=pcfg.num_warps,
+                         num_stages=pcfg.num_stages)
     return cases
 
 
@@ -158,7 +175,7 @@ def test_reduce_waits_for_the_main_kernel_only_under_pdl(pdl):
 def test_main_kernel_releases_the_reduce_before_its_first_load_only_under_pdl(pdl):
     cfg = decode_config("sm90", 128)
     consts = dict(G=4, BLOCK_G=16, D=128, BLOCK_D=128, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=pdl,
-                  MERGE=False, BLOCK_GM=4, BLOCK_S=1, KV_QUANT=launch.KV_PLAIN, **_features(False))
+                  MERGE=False, BLOCK_GM=4, BLOCK_S=1, KV_QUANT=launch.KV_PLAIN, KV_ALIGN=16, **_features(False))
     compiled = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=POINTERS, constexprs=consts, floats=FLOATS,
                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     ptx = compiled.asm["ptx"]
@@ -182,7 +199,7 @@ def test_merge_register_cap_keeps_the_tuned_programs_per_sm(D, G):
     assert pol.merge_max_registers in (0, budget)  # where the file caps the merge, it is the launch checked here
     consts = dict(G=G, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=cfg.block_n, SPLIT=True, USE_PDL=False,
                   MERGE=True, BLOCK_GM=triton.next_power_of_2(G), BLOCK_S=launch.merge_step(
-                      triton.next_power_of_2(G), D, 8), KV_QUANT=launch.KV_PLAIN, **_features(False))
+                      triton.next_power_of_2(G), D, 8), KV_QUANT=launch.KV_PLAIN, KV_ALIGN=16, **_features(False))
     compiled = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=POINTERS, constexprs=consts, floats=FLOATS,
                                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=budget)
     used = aot.resources(compiled)
@@ -190,3 +207,17 @@ def test_merge_register_cap_keeps_the_tuned_programs_per_sm(D, G):
     # pays is measured (bench_attn_paged.py --merge-max-registers, the tuner's pass 4), not assumed here
     assert used.registers <= budget and used.scratch_bytes <= 128, used
     assert used.occupancy * 4 >= pol.programs_per_sm * cfg.num_warps, used  # warps per scheduler, 4 schedulers
+
+
+@pytest.mark.skipif("sm90" not in aot.selected_families(), reason="INFERA_AOT_FAMILY leaves sm90 out")
+def test_per_token_head_rows_load_four_bytes_at_a_time():
+    """A per-(token, head) cache's rows are 4-byte aligned only (their scales sit inline): told so, the decode
+    kernel loads them a word at a time; unhinted it would load each element alone."""
+    D, G = 128, 4
+    consts = dict(G=G, BLOCK_G=16, D=D, BLOCK_D=D, PAGE=PAGE, BLOCK_N=64, SPLIT=False, USE_PDL=False, MERGE=False,
+                  BLOCK_GM=4, BLOCK_S=1, KV_QUANT=launch.KV_PER_TOKEN_HEAD, **_features(False))
+    layout = quant_layout(launch.KV_PER_TOKEN_HEAD)
+    ptx = aot.compile_kernel(_paged_decode_kernel, "sm90", pointers=quant_pointers("sm90", launch.KV_PER_TOKEN_HEAD),
+                             constexprs=dict(consts, **layout["constexprs"]), unaligned=layout["unaligned"],
+                             floats=FLOATS).asm["ptx"]
+    assert "ld.global.b8" not in ptx and "ld.global.u8" not in ptx

@@ -370,6 +370,18 @@ def test_quantized_caches_prefill(kind):
     torch.testing.assert_close(out.float(), ref, atol=TOL[q.dtype], rtol=TOL[q.dtype])
 
 
+def test_kv_alignment_of_inline_scale_rows():
+    """TRITON_ATTN's per-(token, head) pages keep each row's fp32 scale after its D bytes: the rows the kernels
+    read are 4-byte aligned (kernels.py, Row alignment); plain bf16 pages 16-byte aligned."""
+    D, Hkv, page = 64, 2, 16
+    kv = torch.zeros(5, Hkv, page, 2 * (D + 4), dtype=torch.int8, device=DEV).permute(0, 2, 1, 3)
+    k, v = (half[..., :D] for half in kv.split(D + 4, dim=-1))
+    assert launch.kv_alignment(k, v) == 4
+    plain = torch.zeros(5, page, Hkv, 2 * D, dtype=torch.bfloat16, device=DEV)
+    assert launch.kv_alignment(*plain.split(D, dim=-1)) == 16
+    assert launch.kv_alignment(plain[..., 1:D + 1], plain[..., D:]) == 2
+
+
 def test_quantized_caches_need_their_scales():
     q, k, v, bt, lens = paged_case(2, 4, 2, 64, 16, [5, 6])
     kq, vq, scales = quantized(k, v, "int8_per_token_head")

@@ -91,8 +91,8 @@ def family(name: str) -> Family:
 
 
 def compile_kernel(kernel, family_name: str, *, pointers: Mapping[str, str], constexprs: Mapping[str, object],
-                   floats: Iterable[str] = (), divisible: Iterable[str] = (), num_warps: int = 4,
-                   num_stages: int = 2, **options):
+                   floats: Iterable[str] = (), divisible: Iterable[str] = (), unaligned: Iterable[str] = (),
+                   num_warps: int = 4, num_stages: int = 2, **options):
     """``kernel`` (a ``@triton.jit`` function) compiled for the family's GPU; returns Triton's CompiledKernel
     (``.asm``, ``.metadata``); a compile error raises as Triton raises it.
 
@@ -101,21 +101,23 @@ def compile_kernel(kernel, family_name: str, *, pointers: Mapping[str, str], con
     ``floats`` names the fp32 scalars; every other argument is an i32. As Triton specialises them at launch
     for vLLM's tensors (allocations and row strides that are multiples of 16 elements), the pointers, the
     arguments named ``*_stride`` and those in ``divisible`` are marked divisible by 16, which is what lets
-    the compiler vectorise and pipeline the loads. ``options``: further Triton compile options
+    the compiler vectorise and pipeline the loads; ``unaligned`` names those a launch passes with values
+    that are not (Triton then marks nothing on them). ``options``: further Triton compile options
     (``waves_per_eu``, ``matrix_instr_nonkdim``, ``launch_pdl``...)."""
     import triton
     from triton.compiler import ASTSource
 
     fam = family(family_name)
     names = list(inspect.signature(kernel.fn).parameters)
-    floats, divisible = set(floats), set(divisible)
+    floats, divisible, unaligned = set(floats), set(divisible), set(unaligned)
     missing = [n for n in names if n not in constexprs and _is_constexpr(kernel, n)]
     if missing:
         raise ValueError(f"{kernel.fn.__name__}: no value for the constexprs {', '.join(missing)}")
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "fp32" if n in floats else "i32")
                  for n in names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-               if n not in constexprs and (n in pointers or n.endswith("_stride") or n in divisible)}
+               if n not in constexprs and n not in unaligned
+               and (n in pointers or n.endswith("_stride") or n in divisible)}
     src = ASTSource(fn=kernel, signature=signature, constexprs=dict(constexprs), attrs=aligned)
     return triton.compile(src, target=fam.target(),
                           options={"num_warps": num_warps, "num_stages": num_stages, **options})

@@ -62,6 +62,12 @@ With one scale per cache, k_scale joins the logits' scale and v_scale multiplies
 with a scale per (token, head), each tile's key scales multiply its logits' columns and its value scales the
 probabilities that weigh the values (the softmax denominator keeps the unscaled probabilities).
 
+Row alignment (``KV_ALIGN``): Triton vectorises a row's loads only as far as it can prove the row's address
+aligned, and it proves 16 bytes from arguments that are multiples of 16, nothing otherwise. TRITON_ATTN's
+per-(token, head) layout keeps each row's fp32 scale inline after its D bytes, so rows start at multiples
+of 4 bytes only: unhinted, every element is its own one-byte load (and the tile's registers spill). The
+launcher passes the alignment it finds (launch.kv_alignment) and rows below 16 are declared aligned to it.
+
 ## Prefill
 
 Causal attention for ragged query batches over vLLM's paged KV cache: prefill, chunked prefill with
@@ -107,19 +113,24 @@ def _softcap(s, cap):
 @triton.jit
 def _paged_kv(k_head_ptr, v_head_ptr, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row_ptr, n, n_ok,
               d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride, scale_pos_stride, scale_head_stride, h, dtype,
-              PAGE: tl.constexpr, KV_QUANT: tl.constexpr):
+              PAGE: tl.constexpr, KV_QUANT: tl.constexpr, KV_ALIGN: tl.constexpr):
     """(keys, values, key scales, value scales) of positions ``n`` (KV head h), gathered through the sequence's
     block-table row: position n lives at slot n % PAGE of physical block bt_row[n // PAGE]. Keys and values
     [BLOCK_N, BLOCK_D] in ``dtype`` (the query's: a quantized cache's elements converted exactly); the scales
     [BLOCK_N] fp32 from the per-(token, head) scale caches [num_blocks, PAGE, Hkv] where ``KV_QUANT`` is 2,
-    else unused placeholders (module docstring, Quantized KV caches)."""
+    else unused placeholders (module docstring, Quantized KV caches). ``KV_ALIGN`` < 16: every key and value
+    row starts at a multiple of KV_ALIGN bytes, which the loads are told so they move KV_ALIGN bytes at a time
+    (module docstring, Row alignment)."""
     blk = tl.load(bt_row_ptr + n // PAGE, mask=n_ok, other=0).to(tl.int64)
     pos = (n % PAGE).to(tl.int64)
     ok = n_ok[:, None] & d_ok[None, :]
-    k = tl.load(k_head_ptr + blk[:, None] * k_block_stride + pos[:, None] * k_pos_stride + d[None, :], mask=ok,
-                other=0.0)
-    v = tl.load(v_head_ptr + blk[:, None] * v_block_stride + pos[:, None] * v_pos_stride + d[None, :], mask=ok,
-                other=0.0)
+    k_rows = k_head_ptr + (blk * k_block_stride + pos * k_pos_stride)
+    v_rows = v_head_ptr + (blk * v_block_stride + pos * v_pos_stride)
+    if KV_ALIGN < 16:
+        k_rows = tl.multiple_of(k_rows, KV_ALIGN)
+        v_rows = tl.multiple_of(v_rows, KV_ALIGN)
+    k = tl.load(k_rows[:, None] + d[None, :], mask=ok, other=0.0)
+    v = tl.load(v_rows[:, None] + d[None, :], mask=ok, other=0.0)
     if KV_QUANT == 2:
         at = blk * scale_block_stride + pos * scale_pos_stride + h.to(tl.int64) * scale_head_stride
         k_scales = tl.load(k_scale_ptr + at, mask=n_ok, other=0.0)
@@ -287,6 +298,7 @@ def _paged_decode_kernel(
     HAS_WINDOW: tl.constexpr,
     FP32_DOT: tl.constexpr,  # see infera_vllm.triton_dot.dot
     KV_QUANT: tl.constexpr,  # 0 the caches hold q's dtype, 1 fp8 with a scale per cache, 2 a scale per (token, head)
+    KV_ALIGN: tl.constexpr,  # bytes every K/V row address is a multiple of, <= 16 (16: Triton sees it itself)
     USE_PDL: tl.constexpr,  # release the reduce kernel (a programmatic dependent launch) as each program starts
     MERGE: tl.constexpr,  # SPLIT only: the last slice of each (sequence, KV head) merges them; no reduce launch
     BLOCK_GM: tl.constexpr,  # MERGE: next power of two >= G (the merge's head rows)
@@ -333,7 +345,7 @@ def _paged_decode_kernel(
         n_ok = n < hi
         k, v, ks, vs = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n,
                                  n_ok, d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride, scale_pos_stride,
-                                 scale_head_stride, h, q.dtype, PAGE, KV_QUANT)
+                                 scale_head_stride, h, q.dtype, PAGE, KV_QUANT, KV_ALIGN)
         m, l, acc = _attend_tile(q, k, v, n_ok[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP, FP32_DOT, True,
                                  ks, vs, KV_QUANT == 2)
     if KV_QUANT == 1:
@@ -458,6 +470,7 @@ def _paged_prefill_kernel(
     FP32_DOT: tl.constexpr,
     UNMASKED_TILES: tl.constexpr,  # the tiles every row sees whole in their own loop, without the causal mask
     KV_QUANT: tl.constexpr,  # as the decode kernel's
+    KV_ALIGN: tl.constexpr,  # as the decode kernel's
 ):
     """Ragged causal attention over the paged cache (module docstring, Prefill): program (p, h) takes query
     block p (across the requests, first to last) of KV head h. ``q_ptr``/``out_ptr`` [T, Hq, D] and the caches
@@ -513,7 +526,7 @@ def _paged_prefill_kernel(
             n = n0 + tl.arange(0, BLOCK_N)
             k, v, ks, vs = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride,
                                      bt_row, n, all_keys, d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride,
-                                     scale_pos_stride, scale_head_stride, h, q.dtype, PAGE, KV_QUANT)
+                                     scale_pos_stride, scale_head_stride, h, q.dtype, PAGE, KV_QUANT, KV_ALIGN)
             m, l, acc = _attend_tile(q, k, v, all_keys[None, :], m, l, acc, qk_scale, softcap, HAS_SOFTCAP,
                                      FP32_DOT, False, ks, vs, KV_QUANT == 2)
     for n0 in range(mid, hi, BLOCK_N):
@@ -521,7 +534,7 @@ def _paged_prefill_kernel(
         n_ok = n < hi
         k, v, ks, vs = _paged_kv(k_head, v_head, k_block_stride, k_pos_stride, v_block_stride, v_pos_stride, bt_row, n,
                                  n_ok, d, d_ok, k_scale_ptr, v_scale_ptr, scale_block_stride, scale_pos_stride,
-                                 scale_head_stride, h, q.dtype, PAGE, KV_QUANT)
+                                 scale_head_stride, h, q.dtype, PAGE, KV_QUANT, KV_ALIGN)
         visible = n_ok[None, :] & (n[None, :] <= pos[:, None])  # causal
         if HAS_WINDOW:
             visible = visible & (n[None, :] >= pos[:, None] - window_left)

@@ -67,6 +67,20 @@ def _scale_args(scales: KVScales | None, key_cache: torch.Tensor, q: torch.Tenso
     return k, v, *k.stride(), KV_PER_TOKEN_HEAD
 
 
+def kv_alignment(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int:
+    """kernels.py's KV_ALIGN: the largest power of two up to 16 that every key and value row's byte address
+    is a multiple of (the caches' base addresses and block, position and head strides in bytes). A quantized
+    cache with per-(token, head) scales keeps each scale inline after its row (TRITON_ATTN's layout, rows of
+    D + 4 bytes), so its rows sit 4 bytes apart from 16-byte alignment; told so, the kernels load 4 bytes at
+    a time instead of one."""
+    align = 16
+    for cache in (key_cache, value_cache):
+        for value in (cache.data_ptr(), *(stride * cache.element_size() for stride in cache.stride()[:3])):
+            while value % align:
+                align //= 2
+    return align
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     block_n: int = 64  # key positions per tile
@@ -258,6 +272,7 @@ def paged_decode(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Te
         block_table, block_table.stride(0), seq_lens, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), part_out, part_lse, count,
         float(scale), float(softcap), int(window_left), int(policy.split_keys), KV_QUANT=kv_quant,
+        KV_ALIGN=kv_alignment(key_cache, value_cache),
         SPLIT=splits > 1, USE_PDL=use_pdl and splits > 1, MERGE=merge, BLOCK_GM=block_gm, BLOCK_S=merge_block_s,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **capped, **common)
     if splits > 1 and not merge:
@@ -295,16 +310,17 @@ def prefill_config(head_size: int, group: int, device=None) -> tuple[int, Launch
 
 def prefill_constexprs(group: int, head_size: int, page: int, block_m: int, config: LaunchConfig, *,
                        sinks: bool = False, softcap: bool = False, window: bool = False, cuda: bool = True,
-                       kv_quant: int = KV_PLAIN) -> dict:
+                       kv_quant: int = KV_PLAIN, kv_align: int = 16) -> dict:
     """The ragged prefill kernel's compile-time arguments for a launch of ``block_m`` rows (``group`` query
     heads per KV head, so ``block_m // group`` query positions) and ``config``'s key tile: what
     :func:`paged_prefill` passes, and what a tuner or compile check compiles ahead of time. ``cuda``: the
     tiles before a program's first query position run without the causal mask (``UNMASKED_TILES``; on
-    ROCm every tile keeps it). ``kv_quant``: the caches' KV_QUANT (kernels.py)."""
+    ROCm every tile keeps it). ``kv_quant``, ``kv_align``: the caches' KV_QUANT and KV_ALIGN (kernels.py,
+    :func:`kv_alignment`)."""
     return dict(G=group, BLOCK_M=block_m, BLOCK_Q=block_m // group, D=head_size,
                 BLOCK_D=triton.next_power_of_2(head_size), PAGE=page, BLOCK_N=config.block_n, HAS_SINKS=sinks,
                 HAS_SOFTCAP=softcap, HAS_WINDOW=window, FP32_DOT=triton_dot.fp32_dot(), UNMASKED_TILES=cuda,
-                KV_QUANT=kv_quant)
+                KV_QUANT=kv_quant, KV_ALIGN=kv_align)
 
 
 def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
@@ -338,6 +354,7 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
         block_table, block_table.stride(0), seq_lens, query_start_loc, sinks if sinks is not None else q,
         out, out.stride(0), out.stride(1), R, float(scale), float(softcap), int(window_left),
         **prefill_constexprs(G, D, page, bm, cfg, sinks=sinks is not None, softcap=softcap > 0,
-                             window=window_left >= 0, cuda=torch.version.hip is None, kv_quant=kv_quant),
+                             window=window_left >= 0, cuda=torch.version.hip is None, kv_quant=kv_quant,
+                             kv_align=kv_alignment(key_cache, value_cache)),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
