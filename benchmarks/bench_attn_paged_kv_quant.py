@@ -31,6 +31,7 @@ our kernel on them under Triton's interpreter.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -265,7 +266,12 @@ def main() -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS), help="head configurations, of " + ", ".join(HEADS))
     parser.add_argument("--rows", type=lambda v: tuple(tuple(int(x) for x in r.split(":")) for r in v.split(",")),
                         default=ROWS, help="B:ctx pairs (default: the bf16 decode table's)")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a results file and exit (no GPU)")
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print_table(json.load(f)["rows"])
+        return 0
     kinds = [k for k in args.kv_dtypes.split(",") if k]
     bad = [k for k in kinds if k not in KV_DTYPES] + [c for c in args.configs.split(",") if c not in HEADS]
     if bad:

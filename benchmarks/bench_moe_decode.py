@@ -27,6 +27,7 @@ table, writes JSON + a plot under ``results/<gpu>/`` (or ``--out``).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -156,7 +157,13 @@ def main() -> int:
     parser.add_argument("--dims", default=",".join(DIMS), help="comma-separated names from DIMS")
     parser.add_argument("--tokens", default=",".join(map(str, MS)), help="comma-separated token counts M")
     parser.add_argument("--fp8", choices=("block", "tensor"), help="FP8 weights with these scales")
+    parser.add_argument("--table", metavar="JSON", help="print the table of a results file and exit (no GPU)")
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            doc = json.load(f)
+        print_table(doc["rows"], doc["copy_ceiling_tb_s"], doc["read_ceiling_tb_s"])
+        return 0
     from infera_ops.moe_decode import launch, policy
     from infera_ops.moe_decode.launch import LaunchConfig
     from infera_ops.moe_decode.reference import moe_experts_reference
