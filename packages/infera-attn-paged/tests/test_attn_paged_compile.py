@@ -89,11 +89,12 @@ def decode_config(family: str, head_size: int) -> launch.LaunchConfig:
         return launch.decode_defaults(head_size, torch.device("cpu"))[0]
 
 
-def prefill_config(family: str, head_size: int, group: int) -> tuple[int, launch.LaunchConfig]:
-    """(BLOCK_M, launch sizes) of the prefill kernel on the family, as launch.prefill_config picks them on its
-    GPU (the family's tuning file, else the defaults)."""
+def prefill_config(family: str, head_size: int, group: int, kv_quant: int = launch.KV_PLAIN
+                   ) -> tuple[int, launch.LaunchConfig]:
+    """(BLOCK_M, launch sizes) of the prefill kernel on the family over a cache of that KV_QUANT, as
+    launch.prefill_config picks them on its GPU (the family's tuning file, else the defaults)."""
     with mock.patch.object(policy, "family_of", lambda device: family):
-        return launch.prefill_config(head_size, group, torch.device("cpu"))
+        return launch.prefill_config(head_size, group, torch.device("cpu"), kv_quant)
 
 
 def compile_cases(family: str) -> list[aot.Case]:
@@ -148,11 +149,14 @@ def compile_cases(family: str) -> list[aot.Case]:
             if (D, G) in QUANT_HEADS and not on:
                 for kv_quant, kind in ((launch.KV_PER_TENSOR, "fp8"), (launch.KV_PER_TOKEN_HEAD, "int8/token")):
                     layout = quant_layout(kv_quant)
+                    qm, qcfg = prefill_config(family, D, G, kv_quant)
+                    qconsts = launch.prefill_constexprs(G, D, PAGE, qm, qcfg, cuda=cuda, kv_quant=kv_quant,
+                                                        kv_align=layout["constexprs"]["KV_ALIGN"])
                     case(_paged_prefill_kernel, f"prefill D={D} G={G} plain {kind}",
-                         _launch(pcfg, BLOCK_M=block_m, BLOCK_N=pcfg.block_n), kv_quant, pointers=quant_pointers(
-                             family, kv_quant), constexprs=dict(consts, KV_QUANT=kv_quant, **layout["constexprs"]),
-                         unaligned=layout["unaligned"], floats=FLOATS, num_warps=pcfg.num_warps,
-                         num_stages=pcfg.num_stages)
+                         _launch(qcfg, BLOCK_M=qm, BLOCK_N=qcfg.block_n), kv_quant,
+                         pointers=quant_pointers(family, kv_quant), constexprs=qconsts,
+                         unaligned=layout["unaligned"], floats=FLOATS, num_warps=qcfg.num_warps,
+                         num_stages=qcfg.num_stages)
     return cases
 
 

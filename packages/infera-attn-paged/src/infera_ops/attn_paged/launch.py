@@ -293,19 +293,35 @@ def merge_step(block_gm: int, block_d: int, splits: int) -> int:
     return min(triton.next_power_of_2(splits), 1 << (fit.bit_length() - 1))
 
 
-def prefill_config(head_size: int, group: int, device=None) -> tuple[int, LaunchConfig]:
+def prefill_config(head_size: int, group: int, device=None, kv_quant: int = KV_PLAIN) -> tuple[int, LaunchConfig]:
     """(BLOCK_M rows = query tokens x heads of a group, launch config) for the ragged kernel: the device's
     family's tuning file where it has prefill settings for the head size (policy.py), else the defaults.
     Those are without spills on sm90 (as launch_config): up to D = 128, 128 rows x 64-key tiles on 8 warps
     (212 registers; 64 rows on 4 warps spilled 844 bytes); at D = 256, 32 rows x 16-key tiles on 4 warps
-    (200-232)."""
+    (200-232). ``kv_quant``: the cache's KV_QUANT; per (token, head) the sizes of
+    :func:`per_token_head_prefill`."""
     tuned = policy.prefill_settings(head_size, device) if device is not None else None
     if tuned is not None:
-        return (max(tuned.block_m, triton.next_power_of_2(group)),
-                LaunchConfig(block_n=tuned.block_n, num_warps=tuned.num_warps, num_stages=tuned.num_stages))
-    if head_size <= 128:
-        return max(128, triton.next_power_of_2(group)), LaunchConfig(block_n=64, num_warps=8, num_stages=2)
-    return max(32, triton.next_power_of_2(group)), LaunchConfig(block_n=16, num_warps=4, num_stages=2)
+        block_m, config = (max(tuned.block_m, triton.next_power_of_2(group)),
+                           LaunchConfig(block_n=tuned.block_n, num_warps=tuned.num_warps, num_stages=tuned.num_stages))
+    elif head_size <= 128:
+        block_m, config = max(128, triton.next_power_of_2(group)), LaunchConfig(block_n=64, num_warps=8, num_stages=2)
+    else:
+        block_m, config = max(32, triton.next_power_of_2(group)), LaunchConfig(block_n=16, num_warps=4, num_stages=2)
+    if kv_quant == KV_PER_TOKEN_HEAD:
+        return block_m, per_token_head_prefill(block_m, config)
+    return block_m, config
+
+
+def per_token_head_prefill(block_m: int, config: LaunchConfig) -> LaunchConfig:
+    """The prefill launch over a per-(token, head) cache for the plain cache's ``block_m`` rows and
+    ``config``: at least 8 warps, and at most 4096 // block_m keys per tile. Its tile holds the int8/fp8
+    keys and values, their bf16 conversion and the inline scale vectors beside the plain tile's state: on
+    sm90 under Triton 3.6 (the H200's) the D = 128 launches spill at the plain sizes (64 rows x 64 keys on
+    4 warps: 255 registers + 64 bytes; 128 x 64 on 8: 255 + 80) and fit this way (231; 128 x 32 on 8: 244;
+    tests/test_attn_paged_compile.py). Chosen to fit, not tuned for speed."""
+    return LaunchConfig(block_n=max(16, min(config.block_n, 4096 // block_m)), num_warps=max(8, config.num_warps),
+                        num_stages=config.num_stages)
 
 
 def prefill_constexprs(group: int, head_size: int, page: int, block_m: int, config: LaunchConfig, *,
@@ -344,7 +360,7 @@ def paged_prefill(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
     if T == 0 or R == 0:
         return out
     G = Hq // Hkv
-    default_m, default_cfg = prefill_config(D, G, q.device)
+    default_m, default_cfg = prefill_config(D, G, q.device, kv_quant)
     bm, cfg = block_m or default_m, config or default_cfg
     bq = bm // G
     _paged_prefill_kernel[(T // bq + R, Hkv)](
