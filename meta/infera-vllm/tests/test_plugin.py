@@ -74,12 +74,14 @@ def test_allow_and_exclude_lists(tmp_path):
 
 
 def test_names_no_wheel_provides_are_warnings_that_list_the_installed_ops(tmp_path):
-    proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS": "bogus-op",
+    proc = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path), "INFERA_VLLM_OPS": "bogus-op,nrom",
                                        "INFERA_VLLM_OPS_EXCLUDE": "everything"})
     out = proc.stdout + proc.stderr
     lines = [ln for ln in out.splitlines() if "infera-vllm: op bogus-op " in ln]
     assert lines and all("WARNING" in ln and "installed: " in ln and "fixture-good" in ln for ln in lines), out[-3000:]
-    assert any("WARNING" in ln and "INFERA_VLLM_OPS_EXCLUDE names everything" in ln for ln in out.splitlines())
+    assert any("WARNING" in ln and "INFERA_VLLM_OPS_EXCLUDE names 'everything'" in ln for ln in out.splitlines())
+    # a typo of an installed op's name: the warning says which one was meant
+    assert any("WARNING" in ln and "op nrom " in ln and "did you mean 'norm'?" in ln for ln in out.splitlines()), out
     # the op refusing what the user gave it (a tuning file, say) at activation: a WARNING, not an INFO line
     bad = run_python(LOAD_TWICE, env={"INFERA_VLLM_REPORT_DIR": str(tmp_path / "bad"),
                                       "INFERA_VLLM_OPS": "fixture-activate-raises"})

@@ -106,17 +106,22 @@ def test_perturb_scales_only_the_named_op():
     assert torch.equal(out, torch.full((4,), self_check.PERTURB_SCALE))
 
 
-@pytest.mark.parametrize("raw, mode, rate", [("", "first", 0.0), ("off", "off", 0.0), ("FIRST", "first", 0.0),
-                                             ("0.01", "0.01", 0.01), ("1", "1.0", 1.0)])
+@pytest.mark.parametrize("raw, mode, rate", [
+    ("", "first", 0.0), ("FIRST", "first", 0.0), ("1", "first", 0.0), ("true", "first", 0.0), ("On", "first", 0.0),
+    ("yes", "first", 0.0), ("off", "off", 0.0), ("0", "off", 0.0), ("false", "off", 0.0), ("no", "off", 0.0),
+    ("None", "off", 0.0), ("every", "every", 1.0), ("0.01", "0.01", 0.01), (" 0.5 ", "0.5", 0.5)])
 def test_switch_values(raw, mode, rate):
+    """Flag values read as every other flag (on: the default check, first); every call is spelled every."""
     switches = Switches.from_env({"INFERA_VLLM_SELF_CHECK": raw})
     assert (switches.self_check, switches.self_check_rate) == (mode, rate)
 
 
-@pytest.mark.parametrize("raw", ["always", "0", "1.5", "-0.1", "nan"])
-def test_bad_switch_values_name_the_switch(raw):
-    with pytest.raises(SwitchError, match="INFERA_VLLM_SELF_CHECK=.*off, first or a rate"):
+@pytest.mark.parametrize("raw, hint", [("always", ""), ("1.0", "every call: every"), ("1.5", "every call: every"),
+                                       ("-0.1", ""), ("nan", ""), ("0.0", "")])
+def test_bad_switch_values_name_the_switch(raw, hint):
+    with pytest.raises(SwitchError, match=r"INFERA_VLLM_SELF_CHECK=.*first, every, or a rate in \(0, 1\)") as exc:
         Switches.from_env({"INFERA_VLLM_SELF_CHECK": raw})
+    assert hint in str(exc.value)
 
 
 def test_report_merges_and_renders_self_checks(tmp_path):

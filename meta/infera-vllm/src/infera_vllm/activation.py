@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from infera_vllm import compat, compile_key, coverage, discovery, log, self_check
 from infera_vllm.spec import Decline, OpSpec, Reason
-from infera_vllm.switches import SwitchError, Switches, op_values
+from infera_vllm.switches import SwitchError, Switches, did_you_mean, op_values, triton_interpreter
 
 # Declines that are the user's own choice, not a failure: strict mode does not turn them into errors.
 CHOSEN = {Reason.DISABLED.value, Reason.EXCLUDED.value, Reason.NOT_REQUESTED.value}
@@ -150,6 +150,14 @@ def report_dir(switches: Switches) -> str:
     return directory
 
 
+def not_installed(switches: Switches, installed) -> list[Verdict]:
+    """A NOT_INSTALLED verdict for each op INFERA_VLLM_OPS names that no installed wheel provides (and the
+    exclude-list does not drop), its detail naming a close installed op where there is one (a typo)."""
+    return [Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it"
+                                                 + did_you_mean(name, installed)))
+            for name in sorted((switches.allow or frozenset()) - set(installed) - switches.exclude)]
+
+
 def activate_all(switches: Switches) -> list[Verdict]:
     directory = report_dir(switches)
     env = compat.Environment.detect()
@@ -162,19 +170,17 @@ def activate_all(switches: Switches) -> list[Verdict]:
                          perturb=switches.self_check_perturb, strict=switches.strict)
     log.info("infera-vllm: %s on %s (vLLM %s); coverage reports -> %s",
                 "strict mode" if switches.strict else "loading ops", env.gpu_family, env.vllm, directory)
-    if env.gpu_family == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    if env.gpu_family == "cpu" and triton_interpreter():
         # the kernels' CPU validation: Triton's interpreter rounds bf16 results as GPUs do (triton_dot)
         from infera_vllm import triton_dot
 
         triton_dot.round_bf16_like_gpus()
     verdicts = [evaluate_isolated(f, env, switches, install=True) for f in discovery.discover()]
     installed = {v.name for v in verdicts}
-    for name in sorted((switches.allow or frozenset()) - installed - switches.exclude):
-        verdicts.append(Verdict(name, "-", "-", "-", Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
-    unknown_excluded = sorted(switches.exclude - installed)
-    if unknown_excluded:
-        log.warning("infera-vllm: INFERA_VLLM_OPS_EXCLUDE names %s, which no installed wheel provides (installed: %s)",
-                    ", ".join(unknown_excluded), ", ".join(sorted(installed)) or "none")
+    verdicts += not_installed(switches, installed)
+    for line in switches.unknown_names(installed):
+        if line.startswith("INFERA_VLLM_OPS_EXCLUDE"):  # an allow-list name gets its NOT_INSTALLED verdict below
+            log.warning("infera-vllm: %s (installed: %s)", line, ", ".join(sorted(installed)) or "none")
     for v in verdicts:
         if v.decline is not None and str(v.decline.code) in NEEDS_ATTENTION:
             extra = (f" (installed: {', '.join(sorted(installed)) or 'none'})"

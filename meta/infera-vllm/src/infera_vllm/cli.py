@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # `infera-vllm report DIR | head`: the reader is gone, so is the rest of the output
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # and no error at interpreter exit
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["validate"]:  # its own parser (infera_vllm.validate), options before the models included
         from infera_vllm import validate
 
@@ -22,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("dir")
     rep.add_argument("--json", action="store_true")
     tun = sub.add_parser("tune", help="run an installed op's offline tuner: tune OP ARGS... (OP's --help says more)")
-    tun.add_argument("op")
+    tun.add_argument("op", nargs="?", help="the op to tune (none: list the installed ops that have a tuner)")
     tun.add_argument("args", nargs=argparse.REMAINDER)
     sub.add_parser("validate", help="per model: each op's speed and agreement against the plugin off, and a "
                                     "verdict (validate --help says more)")
@@ -53,22 +61,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _tune(op: str, args: list[str]) -> int:
+def _tune(op: str | None, args: list[str]) -> int:
     """Find the installed op by name and run the tuner its spec names (spec.tune)."""
-    from infera_vllm import activation, discovery
+    from infera_vllm import activation, discovery, switches
 
     found = {f.name: f for f in discovery.discover()}
+    tunable = sorted(name for name, f in found.items() if f.spec is not None and f.spec.tune)
+    if op is None:
+        print("infera-vllm tune OP ARGS...: name the op to tune; installed ops with a tuner: "
+              f"{', '.join(tunable) or 'none'} (infera-vllm tune OP --help says more)", file=sys.stderr)
+        return 2
+    shorts = {name.split("-")[0]: name for name in found}
     short = [name for name in found if name.split("-")[0] == op]  # `tune linear` for linear-hipblaslt
     if op not in found and len(short) == 1:
         op = short[0]
     if op not in found or found[op].spec is None:
-        problem = found[op].problem if op in found else "no installed wheel provides it"
+        problem = found[op].problem if op in found else ("no installed wheel provides it"
+                                                          + switches.did_you_mean(op, {*found, *shorts}))
         print(f"infera-vllm tune: op {op!r}: {problem} (installed: {', '.join(sorted(found)) or 'none'})",
               file=sys.stderr)
         return 2
     spec = found[op].spec
     if not spec.tune:
-        tunable = sorted(name for name, f in found.items() if f.spec is not None and f.spec.tune)
         print(f"infera-vllm tune: op {op!r} has no tuner (ops with one: {', '.join(tunable) or 'none'})",
               file=sys.stderr)
         return 2

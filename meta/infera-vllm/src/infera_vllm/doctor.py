@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from infera_vllm import activation, compat, discovery
-from infera_vllm.spec import Decline, OpSpec, Reason
+from infera_vllm.spec import OpSpec
 from infera_vllm.switches import SwitchError, Switches, allowed_values, default_text, parse
 from infera_vllm.version import __version__
 
@@ -79,33 +79,45 @@ def collect(model: str | None = None) -> tuple[dict, int]:
     found = discovery.discover()
     verdicts = [activation.evaluate_isolated(f, env, switches, install=False) for f in found]
     names = {v.name for v in verdicts}
-    for name in sorted((switches.allow or frozenset()) - names - switches.exclude):
-        verdicts.append(activation.Verdict(name, "-", "-", "-",
-                                           Decline(Reason.NOT_INSTALLED, "no installed wheel provides it")))
-    # the exit code answers "will what I asked for run?": an op named in INFERA_VLLM_OPS that would decline
-    # (or, in strict mode, any op that would decline for a reason other than the user's own choice)
-    failing = [v for v in verdicts if v.decline is not None and str(v.decline.code) not in activation.CHOSEN
-               and (switches.requested_explicitly(v.name) or switches.strict)]
+    verdicts += activation.not_installed(switches, names)
     report_problem = activation.report_dir_problem(switches.report_dir) if switches.report_dir else None
     specs = {f.spec.name: f.spec for f in found if f.spec is not None}
+    ops = [{"op": v.name, "distribution": v.distribution, "version": v.version, "seam": v.seam,
+            "verdict": "would activate" if v.active else "declined",
+            "reason": "" if v.active else str(v.decline.code),
+            "detail": "" if v.active else v.decline.detail,
+            "switches": switch_rows(specs.get(v.name))} for v in verdicts]
+    # the exit code answers "will what I asked for run?", one reason per problem found (the last line says them)
+    problems, flagged = [], set()
+    for v in verdicts:
+        if v.decline is None or str(v.decline.code) in activation.CHOSEN:
+            continue
+        if switches.requested_explicitly(v.name):
+            problems.append(f"{v.name}, named in INFERA_VLLM_OPS, cannot activate ({v.decline})")
+        elif switches.strict:
+            problems.append(f"{v.name} would decline ({v.decline.code}) and INFERA_VLLM_STRICT=1 makes that an error")
+        else:
+            continue
+        flagged.add(v.name)
+    problems += [f"{o['op']}: {sw['problem']}" for o in ops if o["op"] not in flagged
+                 for sw in o["switches"] if sw["problem"]]  # refused, whether or not the op was named
+    problems += [line for line in switches.unknown_names(names) if line.startswith("INFERA_VLLM_OPS_EXCLUDE")]
     doc = {
         "infera_vllm": __version__,
         "report_dir": {"path": switches.report_dir, "problem": report_problem},
         "python": sys.version.split()[0],
         "environment": {**env.__dict__, **_driver()},
         "switches": switches.describe(),
-        "ops": [{"op": v.name, "distribution": v.distribution, "version": v.version, "seam": v.seam,
-                 "verdict": "would activate" if v.active else "declined",
-                 "reason": "" if v.active else str(v.decline.code),
-                 "detail": "" if v.active else v.decline.detail,
-                 "switches": switch_rows(specs.get(v.name))} for v in verdicts],
+        "ops": ops,
+        "unknown_names": switches.unknown_names(names),
+        "problems": problems,
     }
     if model is not None:
         from infera_vllm.model_sites import load_config, unknown_architecture
 
         doc["model"] = {"path": model, "ops": plan_model(verdicts, specs, model),
                         "note": unknown_architecture(load_config(model))}
-    return doc, (1 if failing else 0)
+    return doc, (1 if problems else 0)
 
 
 def render(doc: dict) -> str:
@@ -115,6 +127,7 @@ def render(doc: dict) -> str:
            f"HIP {e['hip']} | driver {e['driver']}",
            f"  GPU family: {e['gpu_family']} ({e['gpu_detail']})",
            "  switches: " + ", ".join(f"{k}={v}" for k, v in doc["switches"].items()),
+           *(f"  WARNING: {line}" for line in doc["unknown_names"]),
            *([f"  WARNING: INFERA_VLLM_REPORT_DIR={doc['report_dir']['path']} cannot be written "
               f"({doc['report_dir']['problem']}): serving would put the reports in a new temporary directory"]
              if doc["report_dir"]["problem"] else []),
@@ -143,5 +156,5 @@ def main(model: str | None, as_json: bool) -> int:
     doc, code = collect(model)
     print(json.dumps(doc, indent=1, default=str) if as_json else render(doc))
     if code and not as_json:
-        print("\nexit 1: an op named in INFERA_VLLM_OPS cannot activate (see its reason above)")
+        print("\nexit 1: " + "; ".join(doc["problems"]))
     return code

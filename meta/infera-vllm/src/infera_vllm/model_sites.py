@@ -26,6 +26,12 @@ KNOWN_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCaus
                        "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
                        "DeepseekV3ForCausalLM", "GptOssForCausalLM", "Gemma2ForCausalLM", "Phi3ForCausalLM")
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+# the integer keys sites() reads, each with its least sensible value (a config is refused on any other)
+SIZES = {**{key: 1 for key in ("hidden_size", "d_model", "num_hidden_layers", "n_layer", "num_attention_heads",
+                               "n_head", "num_key_value_heads", "head_dim", "intermediate_size",
+                               "moe_intermediate_size", "decoder_sparse_step")},
+         **{key: 0 for key in ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+                               "moe_topk", "vocab_size", "first_k_dense_replace")}}
 
 
 def load_config(path_or_config: str) -> dict[str, object]:
@@ -47,6 +53,10 @@ def load_config(path_or_config: str) -> dict[str, object]:
     missing = [key for key in REQUIRED if _first(text, *aliases[key]) is None]
     if missing:
         raise ValueError(f"{path}: missing {', '.join(missing)} (needed to plan the model's layers)")
+    for key, least in SIZES.items():
+        value = text.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{path}: {key} is {value!r}, not an integer >= {least}")
     return cfg
 
 

@@ -56,11 +56,10 @@ def _rocm_arch() -> str | None:
 def interpreter_off(family: str | None, served_by: str):
     """The startup decline of a Triton op on the CPU without ``TRITON_INTERPRET=1`` (vLLM's CPU build has no
     Triton CPU backend: the kernels run there only in Triton's interpreter, for validation), else None."""
-    import os
-
     from infera_vllm.spec import Decline
+    from infera_vllm.switches import triton_interpreter
 
-    if family == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    if family == "cpu" and not triton_interpreter():
         return Decline("triton-interpreter-off", "on the CPU the Triton kernels run only under TRITON_INTERPRET=1 "
                                                  f"(validation); the calls go to {served_by}")
     return None

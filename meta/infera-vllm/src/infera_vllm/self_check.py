@@ -9,10 +9,11 @@ bucket is declined for the rest of the process (the op counts its calls there as
 ``self-check-mismatch``), the checked call returns vLLM's result, and one WARNING names the op, the
 bucket, the shape and the error; in strict mode (``INFERA_VLLM_STRICT=1``) it raises instead.
 
-``INFERA_VLLM_SELF_CHECK``: ``off``; ``first`` (the default); or a rate in (0, 1]: also that share of later
-eager calls, so a kernel that goes wrong on other data is caught too. A bucket first reached under graph
-capture is served unchecked and counted as such. ``INFERA_VLLM_SELF_CHECK_PERTURB=op`` scales that op's
-kernel outputs by 1.25 (:meth:`Checker.perturb`): a deliberately wrong kernel for tests of this check.
+``INFERA_VLLM_SELF_CHECK``: ``off``; ``first`` (the default, also any flag's on value); ``every`` eager call;
+or a rate in (0, 1): also that share of later eager calls, so a kernel that goes wrong on other data is
+caught too. A bucket first reached under graph capture is served unchecked and counted as such.
+``INFERA_VLLM_SELF_CHECK_PERTURB=op`` scales that op's kernel outputs by 1.25 (:meth:`Checker.perturb`): a
+deliberately wrong kernel for tests of this check.
 
 The coverage report carries, per op and bucket: checked, passed, failed, the largest error seen, the
 count of buckets captured unchecked, and the seconds spent running vLLM's implementation for the checks

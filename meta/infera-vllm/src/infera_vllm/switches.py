@@ -1,10 +1,11 @@
 """The environment switches, read in one place.
 
 ``INFERA_VLLM_OPS_DISABLE=1``   every op off; vLLM runs as if the plugin were not installed.
-``INFERA_VLLM_OPS=a,b``         allow-list: only these ops (the only way to turn on an opt-in op).
+``INFERA_VLLM_OPS=a,b``         allow-list: only these ops (the only way to turn on an opt-in op); any case.
 ``INFERA_VLLM_OPS_EXCLUDE=a,b`` deny-list, applied after the allow-list.
 ``INFERA_VLLM_STRICT=1``        every decline, at startup or per call, raises instead of falling back.
 ``INFERA_VLLM_REPORT_DIR=DIR``  where each process writes its coverage report.
+``INFERA_VLLM_SELF_CHECK=first`` the numerics self-check: on/first (default), off, every, or a rate in (0, 1).
 
 An op's own switches are declared in its spec (``OpSpec.switches``, :class:`~infera_vllm.spec.Switch`) and
 parsed here by one set of rules (``parse``): the plugin reads them before the op's ``check`` and declines the
@@ -13,6 +14,7 @@ op ``bad-switch`` on a value the rules refuse; the op reads them through ``op_va
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -23,6 +25,13 @@ from infera_vllm.spec import SWITCH_KINDS, Decline, OpSpec, Reason, Switch
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
+
+
+def triton_interpreter(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TRITON_INTERPRET`` turns Triton's interpreter on, read as Triton reads it (1, true, yes, on,
+    y in any case), so the ops decide as Triton runs."""
+    raw = (os.environ if env is None else env).get("TRITON_INTERPRET", "")
+    return raw.strip().lower() in ("1", "true", "yes", "on", "y")
 
 
 class SwitchError(ValueError):
@@ -43,23 +52,41 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 
 def _names(env: Mapping[str, str], name: str) -> frozenset[str] | None:
+    """The comma-separated op names of ``name`` in lower case (op names are; the user's case does not
+    matter, as for the ops' choice switches); None where unset or blank."""
     raw = env.get(name)
     if raw is None or not raw.strip():
         return None
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+    return frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
+
+
+def did_you_mean(name: str, known) -> str:
+    """`` (did you mean 'norm'?)`` where one of ``known`` is close to ``name`` (a typo), else ''."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+SELF_CHECK_VALUES = "on/off (1/0, true/false, yes/no; on is first), first, every, or a rate in (0, 1) such as 0.01"
 
 
 def _self_check_mode(env: Mapping[str, str]) -> str:
-    raw = env.get("INFERA_VLLM_SELF_CHECK", "").strip().lower() or "first"
-    if raw in ("off", "first"):
-        return raw
+    """``off``, ``first`` (the default, and what any flag's on value means), ``every`` (every eager call), or a
+    sampling rate as text (``0.01``): strictly between 0 and 1, so ``1`` is the flag, never a rate."""
+    raw = env.get("INFERA_VLLM_SELF_CHECK", "")
+    value = raw.strip().lower()
+    if value in ("", "first") or value in _TRUE:
+        return "first"
+    if value in _FALSE or value in ("off", "none"):
+        return "off"
+    if value == "every":
+        return "every"
     try:
-        rate = float(raw)
+        rate = float(value)
     except ValueError:
         rate = -1.0
-    if not 0.0 < rate <= 1.0:
-        raise SwitchError(f"INFERA_VLLM_SELF_CHECK={env['INFERA_VLLM_SELF_CHECK']!r}: expected off, first or a rate "
-                          "in (0, 1]")
+    if not 0.0 < rate < 1.0:
+        hint = " (every call: every)" if rate >= 1.0 else ""
+        raise SwitchError(f"INFERA_VLLM_SELF_CHECK={raw!r}: expected {SELF_CHECK_VALUES}{hint}")
     return repr(rate)
 
 
@@ -70,12 +97,14 @@ class Switches:
     exclude: frozenset[str] = frozenset()
     strict: bool = False
     report_dir: str | None = None
-    self_check: str = "first"  # "off", "first", or a rate as text ("0.01")
+    self_check: str = "first"  # "off", "first", "every", or a rate as text ("0.01")
     self_check_perturb: str = ""
 
     @property
     def self_check_rate(self) -> float:
-        """0 for off and first; the sampling rate of later eager calls otherwise."""
+        """0 for off and first; the sampling rate of later eager calls otherwise (every: 1)."""
+        if self.self_check == "every":
+            return 1.0
         return 0.0 if self.self_check in ("off", "first") else float(self.self_check)
 
     @classmethod
@@ -88,23 +117,36 @@ class Switches:
             strict=_flag(env, "INFERA_VLLM_STRICT"),
             report_dir=env.get("INFERA_VLLM_REPORT_DIR") or None,
             self_check=_self_check_mode(env),
-            self_check_perturb=env.get("INFERA_VLLM_SELF_CHECK_PERTURB", "").strip(),
+            self_check_perturb=env.get("INFERA_VLLM_SELF_CHECK_PERTURB", "").strip().lower(),
         )
 
     def selection(self, spec: OpSpec) -> Decline | None:
         """Whether the switches let ``spec`` be tried at all (``None``) or why not."""
         if self.disable_all:
             return Decline(Reason.DISABLED, "INFERA_VLLM_OPS_DISABLE=1")
-        if self.allow is not None and spec.name not in self.allow:
+        name = spec.name.lower()
+        if self.allow is not None and name not in self.allow:
             return Decline(Reason.NOT_REQUESTED, f"INFERA_VLLM_OPS does not name {spec.name!r}")
-        if spec.name in self.exclude:
+        if name in self.exclude:
             return Decline(Reason.EXCLUDED, "named in INFERA_VLLM_OPS_EXCLUDE")
         if self.allow is None and not spec.default_on:
             return Decline(Reason.NOT_REQUESTED, f"opt-in: add {spec.name!r} to INFERA_VLLM_OPS to use it")
         return None
 
     def requested_explicitly(self, name: str) -> bool:
+        name = name.lower()
         return self.allow is not None and name in self.allow and name not in self.exclude
+
+    def unknown_names(self, installed) -> list[str]:
+        """One line per name in INFERA_VLLM_OPS or INFERA_VLLM_OPS_EXCLUDE that no installed wheel provides,
+        with a "did you mean" where an installed op's name is close: what serving warns and doctor flags."""
+        lines = []
+        lists = (("INFERA_VLLM_OPS", self.allow or frozenset()), ("INFERA_VLLM_OPS_EXCLUDE", self.exclude))
+        for switch, names in lists:
+            for name in sorted(names - set(installed)):
+                lines.append(f"{switch} names {name!r}, which no installed wheel provides"
+                             + did_you_mean(name, installed))
+        return lines
 
     def describe(self) -> dict[str, object]:
         return {

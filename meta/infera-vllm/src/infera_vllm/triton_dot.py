@@ -2,15 +2,16 @@
 Triton's interpreter, never on its import path: it imports triton)."""
 
 import functools
-import os
 
 import triton
 import triton.language as tl
 
+from infera_vllm.switches import triton_interpreter
+
 
 def fp32_dot() -> bool:
     """The value to pass as ``FP32_DOT``: True under Triton's CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return triton_interpreter()
 
 
 @triton.jit

@@ -33,6 +33,7 @@ import time
 from typing import NamedTuple
 
 from infera_vllm import harness
+from infera_vllm.switches import triton_interpreter
 
 FORMAT = "infera-vllm-validate/1"
 MATRIX_FORMAT = "infera-vllm-validate-matrix/1"
@@ -1283,7 +1284,7 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                                  real=m["weights"] != "dummy")
         keep = ("gpu_family", "gpu_detail", "vllm", "torch", "triton", "cuda_runtime", "driver")
         entry = old or {**fresh, "environment": {k: env_info.get(k) for k in keep},
-                        "throughput_meaningful": gpu and os.environ.get("TRITON_INTERPRET") != "1",
+                        "throughput_meaningful": gpu and not triton_interpreter(),
                         "options": {**opts, "llm_kwargs": base_llm}, "runs": {}, "reference": None}
         if old is None:
             doc["models"].append(entry)

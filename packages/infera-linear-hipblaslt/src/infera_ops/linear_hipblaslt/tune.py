@@ -23,22 +23,81 @@ TOKENS = (1, 2, 4, 8, 16, 32, 64)
 GRID = {"block_n": (16, 32, 64), "block_k": (128, 256), "split_k": (1, 2, 4), "num_stages": (3, 4)}
 
 
-def linear_shapes(config: str, tp: int) -> list[dict]:
-    """The distinct (n, k, dtype) of the model's linear layers on one of ``tp`` ranks, with the layers'
-    names; the LM head left out (vLLM calls its GEMM through another reference)."""
+def tp_problem(config: str, tp: int) -> str | None:
+    """Why vLLM would refuse to shard the model over ``tp`` ranks, with the sizes it would take, or None: the
+    attention heads and the (dense or expert) intermediate size split evenly, the KV heads split evenly or
+    are replicated (``tp`` a multiple of them), as vLLM's parallel linears require."""
     from infera_vllm.model_sites import load_config, sites
 
+    cfg = load_config(config)
+    attn = next(s.attrs for s in sites(cfg) if s.kind == "attention")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    split = {"attention heads": attn["num_heads"]}
+    for key in ("intermediate_size", "moe_intermediate_size"):
+        if isinstance(text.get(key), int):
+            split[key.replace("_", " ")] = text[key]
+
+    def fits(n: int) -> bool:
+        kv = attn["num_kv_heads"]
+        return all(size % n == 0 for size in split.values()) and (kv % n == 0 or n % kv == 0)
+
+    if tp >= 1 and fits(tp):
+        return None
+    limit = max(split.values())
+    works = [n for n in range(1, min(limit, 64) + 1) if fits(n)]
+    return (f"--tp {tp}: vLLM shards {', '.join(f'{v} {k}' for k, v in split.items())} and "
+            f"{attn['num_kv_heads']} KV heads evenly (KV heads may be replicated); sizes that work: "
+            + ", ".join(map(str, works)))
+
+
+def linear_shapes(config: str, tp: int) -> list[dict]:
+    """The distinct (n, k, dtype) of the model's linear layers on one of ``tp`` ranks, with the layers'
+    names; the LM head left out (vLLM calls its GEMM through another reference). qkv holds each rank's
+    query heads and its KV heads (one replica each where ``tp`` exceeds them, as vLLM's QKVParallelLinear);
+    gate-up splits N, o and down split K. ``tp`` must be one vLLM accepts (:func:`tp_problem`)."""
+    from infera_vllm.model_sites import load_config, sites
+
+    all_sites = sites(load_config(config))
+    attn = next(s.attrs for s in all_sites if s.kind == "attention")
+    heads, kv, head_dim = attn["num_heads"], attn["num_kv_heads"], attn["head_size"]
+    qkv_n = (heads // tp + 2 * max(1, kv // tp)) * head_dim
     shapes: dict[tuple, dict] = {}
-    for site in sites(load_config(config)):
+    for site in all_sites:
         if site.kind != "linear" or site.attrs.get("lm_head"):
             continue
         n, k = site.attrs["n"], site.attrs["k"]
-        column_parallel = site.name.endswith(("qkv_proj", "gate_up_proj"))
-        n, k = (n // tp, k) if column_parallel else (n, k // tp)
+        if site.name.endswith("qkv_proj"):
+            n = qkv_n
+        elif site.name.endswith("gate_up_proj"):
+            n //= tp
+        else:
+            k //= tp
         entry = shapes.setdefault((n, k, site.attrs["dtype"]),
                                   {"n": n, "k": k, "dtype": site.attrs["dtype"], "layers": 0, "example": site.name})
         entry["layers"] += 1
     return list(shapes.values())
+
+
+def _token_counts(text: str) -> tuple[int, ...]:
+    """--tokens: comma-separated token counts >= 1."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated token counts >= 1, e.g. 1,2,4")
+    return counts
+
+
+def _margin(text: str) -> float:
+    """--margin: a speedup >= 1 (below 1 the table could choose a slower kernel)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value >= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a speedup >= 1, e.g. 1.03")
+    return value
 
 
 def _candidates(m: int):
@@ -131,16 +190,20 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory or config.json")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size the model will be served with")
-    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts to measure (buckets)")
-    parser.add_argument("--margin", type=float, default=1.03, help="the kernel's minimum speedup to be chosen")
+    parser.add_argument("--tokens", type=_token_counts, default=TOKENS, help="token counts to measure (buckets)")
+    parser.add_argument("--margin", type=_margin, default=1.03, help="the kernel's minimum speedup to be chosen")
     parser.add_argument("--out",
                         help="table to write (default: ./<family>.json); existing entries of other shapes are kept")
     parser.add_argument("--dry-run", action="store_true", help="print the shapes that would be tuned, measure nothing")
     args = parser.parse_args(argv)
     try:
-        shapes = linear_shapes(args.model, args.tp)
+        problem = tp_problem(args.model, args.tp)
+        shapes = [] if problem else linear_shapes(args.model, args.tp)
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        print(f"infera-vllm tune linear: {args.model}: {exc!r}", file=sys.stderr)
+        print(f"infera-vllm tune linear: {exc}", file=sys.stderr)
+        return 2
+    if problem:
+        print(f"infera-vllm tune linear: {problem}", file=sys.stderr)
         return 2
     for s in shapes:
         print(f"N={s['n']:<6} K={s['k']:<6} {s['dtype']:<9} x{s['layers']} layers (e.g. {s['example']})")
@@ -160,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(out):
         with open(out) as f:
             doc = json.load(f)
-    tokens = tuple(int(t) for t in args.tokens.split(","))
-    measured = [tune_shape(s, tokens, args.margin, lambda line: print(line, flush=True), family) for s in shapes]
+    measured = [tune_shape(s, args.tokens, args.margin, lambda line: print(line, flush=True), family) for s in shapes]
     new = {(r["entry"]["n"], r["entry"]["k"], r["entry"]["dtype"], False): r["entry"] for r in measured}
     kept = [e for e in doc["entries"] if (e["n"], e["k"], e["dtype"], e["bias"]) not in new]
     doc = {"comment": f"written by `infera-vllm tune linear` on {torch.cuda.get_device_name()} "

@@ -15,7 +15,6 @@ quantization: each product is exact in the activations' dtype, fp32 accumulation
 
 import copy
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -31,6 +30,7 @@ from infera_ops.moe_decode.kernels import (
     _row_sum_kernel,
 )
 from infera_vllm import triton_dot
+from infera_vllm.switches import triton_interpreter
 
 FORMS = ("split", "fused", "persistent", "split_sum", "stream")
 SCALED_FORMS = ("split", "split_sum")  # the forms that read FP8 weights
@@ -182,7 +182,7 @@ def ticket_programs(device: torch.device, work: int, per_sm: int) -> int:
     forms): ``per_sm`` programs per SM, at most one per unit of ``work``. Under Triton's interpreter, which
     runs programs one after another, ``per_sm`` of them: the first takes every ticket, the others find none
     and leave, and the last one out zeroes the counters, as on a GPU."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or triton_interpreter():
         return max(1, min(work, per_sm))
     return max(1, min(work, _sms(device) * per_sm))
 
