@@ -48,6 +48,27 @@ CASES = {
     "tune --margin 0.5": (["tune", "linear", "--model", "{dir}", "--margin", "0.5", "--dry-run"], {}, {}, 2,
                           "argument --margin: '0.5': expected a speedup >= 1", ""),
     "tune, no config": (["tune", "linear", "--model", "{dir}/missing", "--dry-run"], {}, {}, 2, "no config.json", ""),
+    "validate, config but no weights": (["validate", "{dir}"], {}, {}, 2,
+                                        "holds a config.json but no weights (*.safetensors, *.bin, *.pt, *.gguf) "
+                                        "and no tokenizer", ""),
+    "validate, truncated config": (["validate", "{dir}", "--dummy"], {}, '{"hidden_size": 5', 2,
+                                   "config.json: not valid JSON", ""),
+    "validate, zero heads": (["validate", "{dir}", "--dummy"], {}, {"num_attention_heads": 0}, 2,
+                             "num_attention_heads is 0, not an integer >= 1", ""),
+    "validate --batches a,b": (["validate", "{dir}", "--dummy", "--batches", "a,b"], {}, {}, 2,
+                               "--batches 'a,b': expected comma-separated batch sizes", ""),
+    "validate --llm-kwargs not JSON": (["validate", "{dir}", "--dummy", "--llm-kwargs", "{max_model_len: 9}"], {}, {},
+                                       2, "--llm-kwargs: not JSON", ""),
+    "validate --llm-kwargs a list": (["validate", "{dir}", "--dummy", "--llm-kwargs", "[1]"], {}, {}, 2,
+                                     "--llm-kwargs: a JSON object of vllm.LLM arguments", ""),
+    "validate --prompt-tokens x": (["validate", "{dir}", "--dummy", "--prompt-tokens", "x"], {}, {}, 2,
+                                   "--prompt-tokens 'x': expected a length such as 256", ""),
+    "validate --cpus 3-1": (["validate", "{dir}", "--dummy", "--cpus", "3-1"], {}, {}, 2, "--cpus '3-1': bad CPU range",
+                            ""),
+    "validate --repeats abc": (["validate", "{dir}", "--dummy", "--repeats", "abc"], {}, {}, 2,
+                               "argument --repeats: invalid int value: 'abc'", ""),
+    "validate, no model": (["validate"], {}, None, 2, "--preset NAME (presets: ", ""),
+    "validate --preset typo": (["validate", "--preset", "smolm2"], {}, None, 2, "no such preset", ""),
     # --tp 3: each rank holds 3 query heads and 1 KV head (qkv N = 5 x 64), a third of o's K and of the MLP
     "tune --tp 3": (["tune", "linear", "--model", "{dir}", "--tp", "3", "--dry-run"], {}, {}, 0,
                     "N=320    K=576", "Traceback"),
@@ -72,7 +93,8 @@ def test_each_input_gets_its_exit_code_and_one_line(tmp_path, monkeypatch, capsy
     assert names in where, out + err
     assert "Traceback" not in out + err and (not absent or absent not in out + err)
     if rc == 2:
-        assert len([line for line in err.splitlines() if line.strip() and not line.startswith("usage:")]) <= 2, err
+        said = [line for line in err.splitlines() if line.strip() and not line.startswith(("usage:", " "))]
+        assert len(said) == 1, err  # one line (argparse's usage block aside)
     if rc == 1:  # doctor's closing line gives the reason
         assert out.rstrip().splitlines()[-1].startswith("exit 1: ") and names in out.rstrip().splitlines()[-1], out
 

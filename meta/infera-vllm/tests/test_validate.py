@@ -546,6 +546,8 @@ def _model_dir(tmp_path) -> str:
     (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
                                                   "num_hidden_layers": 2, "num_attention_heads": 4,
                                                   "vocab_size": 100}))
+    for name in ("model.safetensors", "tokenizer.json"):  # what a real model directory holds (never loaded here)
+        (path / name).write_text("{}")
     return str(path)
 
 
@@ -600,13 +602,33 @@ def test_a_budget_stops_between_runs_and_the_next_call_continues(fake_engine, tm
     assert fake_engine == ["off", "default", "norm", "off"]
 
 
+@pytest.mark.parametrize("failing", ["off", "norm"])
+def test_a_failure_that_would_repeat_stops_the_models_runs(fake_engine, monkeypatch, tmp_path, capsys, failing):
+    """The plugin-off run failing (no baseline), or two runs failing alike (the error without its log's path):
+    the model's other runs are skipped with one line, not started to fail the same way."""
+    spawn = validate._spawn
+
+    def failing_spawn(cfg, env, work):
+        result = spawn(cfg, env, work)
+        if fake_engine[-1] in (failing, "default"):
+            return {"error": f"exit 1: Couldn't instantiate the backend tokenizer (log {work}/log.txt)", "seconds": 1}
+        return result
+
+    monkeypatch.setattr(validate, "_spawn", failing_spawn)
+    assert validate.main([_model_dir(tmp_path), "--rounds", "2", "--out", str(tmp_path / "v.json")]) == 1
+    # off fails: nothing after it; norm fails after default did alike: the rest skipped
+    assert fake_engine == (["off"] if failing == "off" else ["off", "default", "norm"])
+    err = capsys.readouterr().err
+    assert err.count("skipped, as they would fail the same way") == 1, err
+
+
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert cli.main(["validate", str(tmp_path / "missing")]) == 2
     assert "no such model directory" in capsys.readouterr().err
     assert cli.main(["validate", "--batches", "1,x", _model_dir(tmp_path)]) == 2
-    assert "bad option value" in capsys.readouterr().err
+    assert "--batches '1,x': expected comma-separated batch sizes" in capsys.readouterr().err
     assert cli.main(["validate"]) == 2
-    assert "no model" in capsys.readouterr().err
+    assert "no model: give model directories, --preset NAME (presets: " in capsys.readouterr().err
     bad = tmp_path / "matrix.json"
     bad.write_text(json.dumps({"format": "infera-vllm-validate-matrix/1", "options": {"batch": [1]}, "models": []}))
     assert cli.main(["validate", "--matrix", str(bad)]) == 2

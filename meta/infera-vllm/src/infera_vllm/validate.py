@@ -1030,6 +1030,15 @@ def _models(args, options: dict, work: str) -> list[dict]:
     for path in args.model:
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise InputError(f"{path!r}: no such model directory (a directory with config.json)")
+        from infera_vllm.model_sites import load_config
+
+        try:
+            load_config(path)  # a truncated or malformed config: one line now, not a failure in every run
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        if not args.dummy and (missing := _missing_for_real_weights(path)):
+            raise InputError(f"{path!r} holds a config.json but no {' and no '.join(missing)}: give --dummy to "
+                             "run it with dummy weights (no tokenizer needed)")
         models.append({"name": os.path.basename(os.path.normpath(path)), "path": os.path.abspath(path),
                        "weights": "dummy" if args.dummy else "real", "llm_kwargs": {}})
     if args.matrix:
@@ -1061,8 +1070,25 @@ def _models(args, options: dict, work: str) -> list[dict]:
             models.append({"name": m["name"], "path": path, "weights": weights,
                            "llm_kwargs": m.get("llm_kwargs", {})})
     if not models:
-        raise InputError("no model: give model directories or --matrix FILE")
+        raise InputError("no model: give model directories, --preset NAME (presets: "
+                         f"{', '.join(presets()) or 'none'}) or --matrix FILE")
     return models
+
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
+
+
+def _missing_for_real_weights(path: str) -> list[str]:
+    """What a model directory lacks for vLLM to load it with its own weights: weight files (safetensors, bin,
+    pt, gguf) and a tokenizer (tokenizer.json, a sentencepiece or BPE vocabulary); empty when it has both."""
+    names = os.listdir(path)
+    missing = []
+    if not any(n.endswith(WEIGHT_FILES) for n in names):
+        missing.append("weights (*.safetensors, *.bin, *.pt, *.gguf)")
+    if not any(n in TOKENIZER_FILES for n in names) and not any(n.endswith(".gguf") for n in names):
+        missing.append("tokenizer (tokenizer.json, tokenizer.model, vocab.json or vocab.txt)")
+    return missing
 
 
 def _read_json(path: str) -> dict:
@@ -1087,20 +1113,32 @@ def _options(args) -> dict:
     for key, default in DEFAULTS.items():
         given = getattr(args, key, None)  # extra_runs: from a matrix or preset only
         opts[key] = given if given is not None else matrix.get(key, default)
-    try:
-        if isinstance(opts["batches"], str):
+    if isinstance(opts["batches"], str):
+        try:
             opts["batches"] = [int(b) for b in opts["batches"].split(",")]
-        if isinstance(opts["ops"], str):
-            opts["ops"] = [o for o in opts["ops"].split(",") if o]
-        if isinstance(opts["runs"], str):
-            opts["runs"] = [r for r in opts["runs"].split(",") if r]
+        except ValueError:
+            raise InputError(f"--batches {opts['batches']!r}: expected comma-separated batch sizes, e.g. 1,16,64"
+                             ) from None
+    if isinstance(opts["ops"], str):
+        opts["ops"] = [o for o in opts["ops"].split(",") if o]
+    if isinstance(opts["runs"], str):
+        opts["runs"] = [r for r in opts["runs"].split(",") if r]
+    try:
         opts["prompt_tokens"] = _prompt_tokens(opts["prompt_tokens"], opts["batches"])
-        if isinstance(opts["llm_kwargs"], str):
-            opts["llm_kwargs"] = json.loads(opts["llm_kwargs"])
-        if isinstance(opts["cpus"], str):
-            opts["cpus"] = cpu_list(opts["cpus"])
     except ValueError as exc:
-        raise InputError(f"bad option value: {exc}") from None
+        raise InputError(f"--prompt-tokens {opts['prompt_tokens']!r}: {exc}") from None
+    if isinstance(opts["llm_kwargs"], str):
+        try:
+            opts["llm_kwargs"] = json.loads(opts["llm_kwargs"])
+        except ValueError as exc:
+            raise InputError(f"--llm-kwargs: not JSON ({exc})") from None
+    if not isinstance(opts["llm_kwargs"], dict):
+        raise InputError(f"--llm-kwargs: a JSON object of vllm.LLM arguments, not {opts['llm_kwargs']!r}")
+    if isinstance(opts["cpus"], str):
+        try:
+            opts["cpus"] = cpu_list(opts["cpus"])
+        except ValueError as exc:
+            raise InputError(f"--cpus {opts['cpus']!r}: {exc} (e.g. 0-7 or 0,2,4)") from None
     if not opts["batches"] or min(opts["batches"]) < 1 or opts["rounds"] < 1 or opts["repeats"] < 1:
         raise InputError("--batches, --rounds and --repeats take positive integers")
     if opts["max_repeats"] is not None and opts["max_repeats"] < opts["repeats"]:
@@ -1154,20 +1192,26 @@ def _check_extra_runs(extra: dict) -> None:
 def _prompt_tokens(value, batches: list[int]):
     """``--prompt-tokens``: one length (``256``) or one per batch size (``1:16384,16:8192``, or a JSON object
     in a matrix file), every batch size given a positive length; a map comes back with string keys (as JSON
-    stores it)."""
-    if isinstance(value, str):
-        value = (dict(pair.split(":") for pair in value.split(",")) if ":" in value else int(value))
+    stores it). ValueError saying what is wrong otherwise."""
+    try:
+        if isinstance(value, str):
+            value = (dict(pair.split(":") for pair in value.split(",")) if ":" in value else int(value))
+        if isinstance(value, dict):
+            value = {str(int(b)): int(n) for b, n in value.items()}
+        else:
+            value = int(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a length such as 256, or one per batch size: 1:16384,16:8192") from None
     if isinstance(value, dict):
-        value = {str(int(b)): int(n) for b, n in value.items()}
         missing = [b for b in batches if str(b) not in value]
         if missing:
-            raise ValueError(f"--prompt-tokens gives no length for batch size {', '.join(map(str, missing))}")
+            raise ValueError(f"no length for batch size {', '.join(map(str, missing))}")
         if min(value.values()) < 1:
-            raise ValueError("--prompt-tokens takes positive lengths")
+            raise ValueError("lengths must be positive")
         return value
-    if int(value) < 1:
-        raise ValueError("--prompt-tokens takes positive lengths")
-    return int(value)
+    if value < 1:
+        raise ValueError("lengths must be positive")
+    return value
 
 
 PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")
@@ -1303,6 +1347,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             pending += [(m, entry, c, r, int(text.get("vocab_size") or 32000)) for c in configs
                         if len(entry["runs"][c["label"]]["rounds"]) <= r]
     start, longest, failed = time.perf_counter(), 0.0, False
+    errors: dict[str, str] = {}  # model -> its last run's error, without the log's path
+    broken: dict[str, str] = {}  # model -> the failure its remaining runs would repeat
     bar = tqdm(total=len(pending), unit="run", file=sys.stderr)
     ahead: tuple[int, _Run] | None = None  # the next run's process, importing while this one starts its engine
     proc: _Run | None = None
@@ -1316,6 +1362,11 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 if proc is not None:
                     proc.cancel()
                 break
+            if m["name"] in broken:  # the failure would repeat: no engine start for it
+                if proc is not None:
+                    proc.cancel()
+                bar.update()
+                continue
             bar.set_description(f"{m['name']} {c['label']} r{r}")
             run = entry["runs"][c["label"]]
             if (twin := default_covers(entry["runs"], c["label"], r)) is not None:
@@ -1369,6 +1420,14 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
             if "error" in res:
                 failed = True
                 tqdm.write(f"{m['name']} {c['label']} round {r}: {res['error'][:400]}", file=sys.stderr)
+                first = re.sub(r" \(log [^)]*\)$", "", res["error"].strip())  # the same failure in another run's log
+                if c["label"] == "off" or errors.get(m["name"]) == first:  # no baseline, or the same failure again
+                    broken[m["name"]] = first
+                    left = sum(1 for p in pending[i + 1:] if p[0]["name"] == m["name"])
+                    tqdm.write(f"{m['name']}: {'the plugin-off run' if c['label'] == 'off' else 'two runs'} failed "
+                               f"({first[:200]}); its {left} other run(s) skipped, as they would fail the same way",
+                               file=sys.stderr)
+                errors[m["name"]] = first
             run["rounds"].append(res)
             if args.out:
                 _write(doc, args.out)
