@@ -536,6 +536,7 @@ def fake_engine(monkeypatch):
             return validate._spawn(*self.args)
 
     monkeypatch.setattr(validate, "plan", fake_plan)
+    monkeypatch.setattr(validate, "machine_family", lambda: "sm90")  # the GPU's options, not the CPU profile
     monkeypatch.setattr(validate, "_spawn", fake_spawn)
     monkeypatch.setattr(validate, "_start", Deferred)
     return calls
@@ -648,6 +649,28 @@ def test_a_failure_that_would_repeat_stops_the_models_runs(fake_engine, monkeypa
     assert fake_engine == (["off"] if failing == "off" else ["off", "default", "norm"])
     err = capsys.readouterr().err
     assert err.count("skipped, as they would fail the same way") == 1, err
+
+
+@pytest.mark.cpu_build  # the CPU build, where every op declines without Triton's interpreter
+def test_on_the_cpu_without_the_interpreter_it_says_so_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(validate, "_start", lambda *a: pytest.fail("an engine was started"))
+    assert validate.main([_model_dir(tmp_path)]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--batches 1, --prompt-tokens 16" in err  # the CPU profile, said first
+    assert "plan for tiny on cpu" in err and "no op would take a call" in err and "triton-interpreter-off" in err
+    assert "Nothing to judge" in err and "TRITON_INTERPRET=1" in err
+
+
+def test_dummy_weights_where_throughput_is_not_judged_run_nothing(fake_engine, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(validate, "plan", lambda model, requested: ({"norm": 7}, {}, {"gpu_family": "cpu"}))
+    model = _model_dir(tmp_path)
+    assert validate.main([model, "--dummy"]) == 1 and fake_engine == []
+    err = " ".join(capsys.readouterr().err.split())
+    assert "norm (7 layers) would take a call" in err and "dummy weights give no agreement to judge" in err
+    assert validate.main([model]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # real weights: agreement judged, throughput only measured
+    assert "Judged here: agreement; throughput is measured but not judged" in err and fake_engine
 
 
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys):

@@ -73,8 +73,10 @@ def switch_rows(spec: OpSpec | None) -> list[dict]:
     return rows
 
 
-def collect(model: str | None = None) -> tuple[dict, int]:
-    switches = Switches.from_env()
+def collect(model: str | None = None, switches: Switches | None = None) -> tuple[dict, int]:
+    """doctor's document and exit code; ``switches``: the plugin's switches to judge under (default: this
+    process's environment's)."""
+    switches = Switches.from_env() if switches is None else switches
     env = compat.Environment.detect()
     found = discovery.discover()
     verdicts = [activation.evaluate_isolated(f, env, switches, install=False) for f in found]

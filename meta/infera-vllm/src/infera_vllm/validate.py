@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from typing import NamedTuple
 
@@ -59,6 +60,20 @@ _SELECTION = ("INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE", "INFERA_VLLM_OPS_DIS
 
 class InputError(ValueError):
     """Bad input: the command exits 2 with this message."""
+
+
+# A CPU's profile (the options a CPU run uses unless the command line gives them, over a matrix's or a preset's):
+# throughput is not judged there (vLLM's CPU build, Triton's interpreter), agreement is, and a preset stays
+# within minutes on two cores
+CPU_PROFILE = dict(batches=[1], prompt_tokens=16, decode_tokens=4, repeats=1, max_repeats=None, rounds=1,
+                   agreement_prompts=2, agreement_tokens=128)
+
+
+def machine_family() -> str | None:
+    """The GPU family vLLM runs on here (``cpu`` on its CPU build; None where it cannot be told)."""
+    from infera_vllm.platform import detect_gpu_family
+
+    return detect_gpu_family()[0]
 
 
 # ---- one configuration, in its own process -------------------------------------------------------------
@@ -507,17 +522,11 @@ def plan(model: str, requested: list[str] | None) -> tuple[dict, dict[str, str],
     unknown = sorted(set(requested or ()) - set(names))
     if unknown:
         raise InputError(f"--ops names {', '.join(unknown)}: not installed (installed: {', '.join(names) or 'none'})")
-    saved = {k: os.environ.get(k) for k in _SELECTION}
-    try:
-        for k in _SELECTION:
-            os.environ.pop(k, None)
-        os.environ["INFERA_VLLM_OPS"] = ",".join(names) or "-"
-        doc, _ = doctor.collect(model)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None)
-            if v is not None:
-                os.environ[k] = v
+    from infera_vllm.switches import Switches
+
+    # every installed op requested, whatever this process's selection switches say (its other switches hold)
+    every = {k: v for k, v in os.environ.items() if k not in _SELECTION}
+    doc, _ = doctor.collect(model, Switches.from_env({**every, "INFERA_VLLM_OPS": ",".join(names) or "-"}))
     verdicts = {o["op"]: o for o in doc["ops"]}
     takes = {r["op"]: r for r in doc["model"]["ops"]}
     run, skipped = {}, {}
@@ -1124,7 +1133,9 @@ def _read_json(path: str) -> dict:
     return data
 
 
-def _options(args) -> dict:
+def _options(args, profile: dict | None = None) -> dict:
+    """The options: the command line's, else ``profile``'s (a CPU's: CPU_PROFILE), else the matrix's, else
+    DEFAULTS; checked."""
     matrix = _read_json(args.matrix).get("options", {}) if args.matrix else {}
     unknown = sorted(set(matrix) - set(DEFAULTS))
     if unknown:
@@ -1132,7 +1143,7 @@ def _options(args) -> dict:
     opts = {}
     for key, default in DEFAULTS.items():
         given = getattr(args, key, None)  # extra_runs: from a matrix or preset only
-        opts[key] = given if given is not None else matrix.get(key, default)
+        opts[key] = given if given is not None else (profile or {}).get(key, matrix.get(key, default))
     if isinstance(opts["batches"], str):
         try:
             opts["batches"] = [int(b) for b in opts["batches"].split(",")]
@@ -1297,12 +1308,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    opts = _options(args)
+    cpu = machine_family() == "cpu"
+    opts = _options(args, CPU_PROFILE if cpu else None)
     work = args.work or tempfile.mkdtemp(prefix="infera-validate-")
     models = _models(args, opts, work)
     doc = _read_json(args.out) if args.out and os.path.exists(args.out) else {"format": FORMAT, "models": []}
     if doc.get("format") != FORMAT:
         raise InputError(f"{args.out}: format {doc.get('format')!r}, expected {FORMAT!r}")
+    if cpu:
+        print("validate on the CPU, with its profile where the command line gives no value: " + ", ".join(
+            f"--{k.replace('_', '-')} {','.join(map(str, opts[k])) if isinstance(opts[k], list) else opts[k]}"
+            for k in CPU_PROFILE if opts[k] is not None), file=sys.stderr)
     ident = identity()
     options_key = {k: opts[k] for k in DEFAULTS if k != "rounds"}
     judge_options = {"min_effect": args.min_effect, "tolerance": args.agreement_tolerance}
@@ -1336,10 +1352,13 @@ def _run(args) -> int:
 def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
     from tqdm import tqdm
 
-    pending = []
+    pending, planned = [], 0
     for m, old, fresh in todo:
         ops, skipped, env_info = plan(m["path"], opts["ops"])
         gpu = env_info.get("gpu_family") not in (None, "cpu")
+        if not say_plan(m, ops, skipped, env_info, gpu=gpu):
+            continue
+        planned += 1
         cfg = _read_json(os.path.join(m["path"], "config.json"))
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
         longest = max(prompt_len(opts, b) for b in opts["batches"])
@@ -1368,6 +1387,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
         for r in range(opts["rounds"]):
             pending += [(m, entry, c, r, int(text.get("vocab_size") or 32000)) for c in configs
                         if len(entry["runs"][c["label"]]["rounds"]) <= r]
+    if not planned:
+        return True
     start, longest, failed = time.perf_counter(), 0.0, False
     errors: dict[str, str] = {}  # model -> its last run's error, without the log's path
     broken: dict[str, str] = {}  # model -> the failure its remaining runs would repeat
@@ -1464,6 +1485,40 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
 
 OWN_COMPILE_CACHE = "vllm-cache"  # a run's own compile caches, in its directory, removed after the run
 SHARED_TRITON_CACHE = "triton-cache"  # one model's runs' compiled Triton kernels, beside their directories
+
+
+def judged_here(weights: str, gpu: bool) -> list[str]:
+    """What validate can judge of a model's runs on this machine: agreement with the plugin off where the
+    weights are real (dummy weights' logits are near ties), throughput on a GPU without Triton's interpreter
+    (the CPU build's and the interpreter's times say nothing of a GPU's)."""
+    return ((["agreement"] if weights != "dummy" else [])
+            + (["throughput"] if gpu and not triton_interpreter() else []))
+
+
+def say_plan(m: dict, ops: dict, skipped: dict, env_info: dict, *, gpu: bool) -> bool:
+    """One paragraph on stderr before anything runs: which ops take the model's layers here, which do not and
+    why, and what the runs can judge on this machine. False (the model is not run) where no op takes a layer
+    or nothing can be judged, with what to run instead."""
+    where = f"{env_info.get('gpu_family') or 'an unknown platform'} (vLLM {env_info.get('vllm')})"
+    taking = ", ".join(f"{op} ({n} layers)" for op, n in ops.items()) or "no op"
+    declining = "; ".join(f"{op}: {why}" for op, why in skipped.items())
+    judged = judged_here(m["weights"], gpu)
+    lines = [f"plan for {m['name']} on {where}: {taking} would take a call"
+             + (f"; not run: {declining}" if declining else "") + "."]
+    if ops and judged:
+        lines.append(f"Judged here: {' and '.join(judged)}"
+                     + ("" if "throughput" in judged else "; throughput is measured but not judged "
+                        "(a CPU or Triton's interpreter)") + ".")
+    elif not ops:
+        hint = (" On the CPU the Triton kernels run only under Triton's interpreter: run it again with "
+                "TRITON_INTERPRET=1 (agreement only, slow) or on a GPU."
+                if env_info.get("gpu_family") == "cpu" and not triton_interpreter() else "")
+        lines.append(f"Nothing to judge: no run would differ from the plugin off; not run.{hint}")
+    else:
+        lines.append("Nothing to judge: dummy weights give no agreement to judge and this machine no throughput; "
+                     "not run. Run it on a GPU, or with real weights for agreement.")
+    print(textwrap.fill(" ".join(lines), width=120), file=sys.stderr)
+    return bool(ops and judged)
 
 
 def _own_compile_cache(entry: dict, c: dict) -> bool:
