@@ -53,10 +53,36 @@ def test_bucket_tokens(n, bucket):
     assert coverage.bucket_tokens(n) == bucket
 
 
-def _write(tmp_path, pid, name, ops, counts):
-    doc = {"format": coverage.REPORT_FORMAT, "process": {"pid": pid, "name": name, "host": "h"},
+def _write(tmp_path, pid, name, ops, counts, run="r1", host="h"):
+    doc = {"format": coverage.REPORT_FORMAT, "process": {"pid": pid, "name": name, "host": host, "run": run},
            "environment": {"gpu_family": "cpu", "vllm": "0.32.0"}, "ops": ops, "counts": counts}
-    (tmp_path / f"infera-h-{pid}.json").write_text(json.dumps(doc))
+    (tmp_path / f"infera-{host}-{pid}.json").write_text(json.dumps(doc))
+
+
+def test_reports_of_other_runs_or_hosts_are_flagged_not_merged_silently(tmp_path):
+    active = {"op": "norm", "status": "active", "reason": "", "detail": ""}
+    row = {"op": "norm", "route": "kernel", "reason": "", "bucket": "1", "at": "call", "count": 2}
+    _write(tmp_path, 1, "MainProcess", [active], [row])
+    _write(tmp_path, 2, "EngineCore", [active], [row])
+    assert "WARNING" not in report.render(report.merge(report.load(str(tmp_path))))  # one server's processes
+    _write(tmp_path, 3, "MainProcess", [active], [row], run="r2")  # a later server, same directory
+    _write(tmp_path, 4, "MainProcess", [active], [row], host="other")
+    text = report.render(report.merge(report.load(str(tmp_path))))
+    assert "WARNING: these reports come from 3 runs (" in text and "run r2 on h: 1 process(es)" in text
+    assert "run r1 on other" in text and "give each run its own INFERA_VLLM_REPORT_DIR" in text
+
+
+def test_an_active_op_without_calls_is_named_and_declined_ops_are_not_blamed(tmp_path):
+    norm = {"op": "norm", "status": "active", "reason": "", "detail": ""}
+    moe = {"op": "moe-decode", "status": "active", "reason": "", "detail": ""}
+    _write(tmp_path, 1, "MainProcess", [norm, moe], [{"op": "norm", "route": "kernel", "reason": "", "bucket": "1",
+                                                      "at": "call", "count": 3}])
+    text = report.render(report.merge(report.load(str(tmp_path))))
+    assert "moe-decode: active, no call counted" in text and "norm: active, no call" not in text
+    assert "declined ops route nothing" not in text
+    _write(tmp_path, 1, "MainProcess", [dict(norm, status="declined", reason="not-requested")], [])
+    assert "none: no op is active, and declined ops route nothing" in report.render(
+        report.merge(report.load(str(tmp_path))))
 
 
 def test_merge_sums_counts_and_groups_verdicts(tmp_path):

@@ -101,7 +101,7 @@ def _calls(families) -> dict[tuple, float]:
 
 def _verdicts(families) -> dict[tuple, float]:
     return {(s.labels["op"], s.labels["status"], s.labels["reason"]): s.value
-            for s in families["infera_op_active"].samples}
+            for s in families["infera_op_processes"].samples}
 
 
 def _norm_on_kernel(calls) -> float:

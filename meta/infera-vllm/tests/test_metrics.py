@@ -51,7 +51,7 @@ def test_a_scrape_is_the_merged_report(tmp_path):
     assert got["infera_calls"][(("bucket", "1"), ("counted_at", "call"), ("op", "norm"), ("reason", ""),
                                 ("route", "kernel"))] == 12
     # verdicts per op/status/reason, summed over the detail texts, which are no labels
-    assert got["infera_op_active"] == {(("op", "moe"), ("reason", "not-tuned"), ("status", "declined")): 2,
+    assert got["infera_op_processes"] == {(("op", "moe"), ("reason", "not-tuned"), ("status", "declined")): 2,
                                        (("op", "norm"), ("reason", ""), ("status", "active")): 2}
     assert got["infera_report_processes"] == {(): 2}
     assert got["infera_report_skipped_files"] == {(): 0}

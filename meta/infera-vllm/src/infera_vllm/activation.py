@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 
 from infera_vllm import compat, compile_key, coverage, discovery, log, self_check
@@ -159,6 +160,9 @@ def not_installed(switches: Switches, installed) -> list[Verdict]:
 
 
 def activate_all(switches: Switches) -> list[Verdict]:
+    # the run's id: made by the first process of a server, inherited by the processes it starts, so the
+    # report tells one server's processes from another's sharing the directory
+    os.environ.setdefault("INFERA_VLLM_RUN", uuid.uuid4().hex[:12])
     directory = report_dir(switches)
     env = compat.Environment.detect()
     coverage.configure(

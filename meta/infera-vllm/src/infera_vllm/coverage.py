@@ -175,6 +175,7 @@ def snapshot() -> dict[str, object]:
             "name": multiprocessing.current_process().name,
             "argv": sys.argv[:3],
             "host": socket.gethostname(),
+            "run": os.environ.get("INFERA_VLLM_RUN"),  # one id per server: its processes inherit it
             "started": _started,
             "written": time.time(),
         },

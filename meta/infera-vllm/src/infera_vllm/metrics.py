@@ -21,7 +21,7 @@ Exported (docs/metrics.md):
 
 - ``infera_calls_total{op,route,reason,bucket,counted_at}``: the merged ``counts``; ``counted_at`` is the
   report's ``at`` (``trace``/``plan`` count decisions, not runs).
-- ``infera_op_active{op,status,reason}``: how many processes gave the op that startup verdict.
+- ``infera_op_processes{op,status,reason}``: how many processes gave the op that startup verdict.
 - ``infera_report_processes``: the process reports merged; ``infera_report_skipped_files``: files in the
   directory that are not mergeable reports.
 - ``infera_self_check_total{op,bucket,result}`` and ``infera_self_check_max_error{op,bucket}``: only when the
@@ -100,7 +100,7 @@ class CoverageCollector:
         for o in merged["ops"]:  # one entry per detail text: summed over details, which are not labels
             key = (o["op"], o["status"], o["reason"])
             verdicts[key] = verdicts.get(key, 0) + o["processes"]
-        active = GaugeMetricFamily("infera_op_active", "Processes in which the op has this startup verdict "
+        active = GaugeMetricFamily("infera_op_processes", "Processes in which the op has this startup verdict "
                                    "(status active or declined; reason: why declined)",
                                    labels=["op", "status", "reason"])
         for (op, status, reason), n in sorted(verdicts.items()):

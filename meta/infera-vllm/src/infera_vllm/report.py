@@ -65,6 +65,7 @@ def merge(reports: list[dict]) -> dict:
     """One document: the processes, each op's verdicts across them, and the summed counts."""
     processes = [
         {"pid": r["process"]["pid"], "name": r["process"]["name"], "host": r["process"]["host"],
+         "run": r["process"].get("run"),
          "gpu_family": r.get("environment", {}).get("gpu_family"), "vllm": r.get("environment", {}).get("vllm"),
          "active": sorted(o["op"] for o in r["ops"] if o["status"] == "active")}
         for r in reports
@@ -91,9 +92,13 @@ def merge(reports: list[dict]) -> dict:
                 total[k] += c.get(k, 0)
             total["max_error"] = max(total["max_error"], c["max_error"])
             total["processes"] += 1
+    runs: dict[tuple, int] = {}
+    for p in processes:
+        runs[(p["run"], p["host"])] = runs.get((p["run"], p["host"]), 0) + 1
     return {
         "format": "infera-vllm-merged/1",
         "processes": processes,
+        "runs": [{"run": run, "host": host, "processes": n} for (run, host), n in sorted(runs.items(), key=str)],
         "ops": [{"op": op, "status": s, "reason": reason, "detail": detail, "processes": n}
                 for (op, s, reason, detail), n in sorted(verdicts.items())],
         "counts": [{"op": op, "route": route, "reason": reason, "bucket": bucket, "at": at,
@@ -112,9 +117,15 @@ def _table(header: list[str], rows: list[list[object]]) -> list[str]:
 def render(merged: dict) -> str:
     n = len(merged["processes"])
     out = [f"infera-vllm coverage: {n} process(es)"]
-    out += _table(["pid", "process", "gpu", "vllm", "active ops"],
-                  [[p["pid"], p["name"], p["gpu_family"], p["vllm"], ",".join(p["active"]) or "-"]
-                   for p in merged["processes"]])
+    runs = merged.get("runs", [])
+    if len(runs) > 1:  # several servers (or hosts) wrote into this directory: summed below, said here
+        out.append(f"WARNING: these reports come from {len(runs)} runs ("
+                   + ", ".join(f"run {r['run'] or 'unknown'} on {r['host']}: {r['processes']} process(es)"
+                               for r in runs)
+                   + "); every count below is summed over them: give each run its own INFERA_VLLM_REPORT_DIR")
+    out += _table(["pid", "process", "host", "run", "gpu", "vllm", "active ops"],
+                  [[p["pid"], p["name"], p["host"], p.get("run") or "-", p["gpu_family"], p["vllm"],
+                    ",".join(p["active"]) or "-"] for p in merged["processes"]])
     out += ["", "operators:"]
     out += _table(["op", "status", "reason", "processes", "detail"],
                   [[o["op"], o["status"], o["reason"] or "-", f"{o['processes']}/{n}", o["detail"]]
@@ -127,8 +138,13 @@ def render(merged: dict) -> str:
         if any(c["at"] != "call" for c in merged["counts"]):
             out.append("(counted at trace/plan: decided that many times while compiling or capturing graphs; "
                        "replays are not counted)")
-    else:
-        out.append("  none: no op routed a call (declined ops route nothing; vLLM's own kernels served everything)")
+    active = sorted({op for p in merged["processes"] for op in p["active"]})
+    idle = [op for op in active if not any(c["op"] == op for c in merged["counts"])]
+    if not merged["counts"]:
+        out.append("  none: " + ("no op is active, and declined ops route nothing: vLLM's own kernels served "
+                                 "everything" if not active else "no op counted a call"))
+    for op in idle:  # active, yet no call reached it: its layers ran elsewhere or never ran
+        out.append(f"  {op}: active, no call counted (the model's layers of its kind never reached it)")
     if merged.get("self_check"):
         out += ["", "self-check (kernel vs vLLM's implementation on the same inputs, max |diff| / max |vLLM's|):"]
         out += _table(["op", "shape", "checked", "passed", "failed", "max error", "captured unchecked", "seconds",
