@@ -461,7 +461,7 @@ def test_an_interrupted_call_leaves_no_run_process(fake_engine, tmp_path, monkey
         started.append(run)
         return run
 
-    def interrupted(self, behind=None):
+    def interrupted(self, behind=None, on_step=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(validate, "_start", start)
@@ -532,7 +532,7 @@ def fake_engine(monkeypatch):
         def cancel(self):
             pass
 
-        def wait(self, behind=None):
+        def wait(self, behind=None, on_step=None):
             return validate._spawn(*self.args)
 
     monkeypatch.setattr(validate, "plan", fake_plan)
@@ -629,6 +629,30 @@ def test_a_budget_stops_between_runs_and_the_next_call_continues(fake_engine, tm
     monkeypatch.setattr(validate.time, "perf_counter", lambda: 0.0)
     assert validate.main(args) == 0
     assert fake_engine == ["off", "default", "norm", "off"]
+
+
+STEPPING_RUN = """
+import json, os, sys, time
+cfg = json.load(open(sys.argv[1]))
+assert sys.stdin.readline().strip() == "go"
+for text in ("engine start", "agreement", "batch 1 (1 of 1)"):
+    open(cfg["step_file"] + ".tmp", "w").write(text)
+    os.replace(cfg["step_file"] + ".tmp", cfg["step_file"])
+    time.sleep(0.4)
+json.dump({"batches": {}}, open(sys.argv[2], "w"))
+"""
+
+
+def test_a_run_says_its_steps_to_the_progress_bar(tmp_path, monkeypatch):
+    """run-one writes the step it is in; the parent's wait hands each new one to the bar as it comes."""
+    script = tmp_path / "run.py"
+    script.write_text(STEPPING_RUN)
+    monkeypatch.setattr(validate, "RUN_ONE", [sys.executable, str(script)])
+    run = validate._start({"model": "m"}, dict(os.environ), str(tmp_path / "w"))
+    run.go()
+    steps = []
+    assert "batches" in run.wait(on_step=steps.append)
+    assert steps == ["engine start", "agreement", "batch 1 (1 of 1)"]
 
 
 @pytest.mark.parametrize("failing", ["off", "norm"])

@@ -91,6 +91,13 @@ def measure(cfg: dict) -> dict:
         if sys.stdin.readline().strip() != "go":
             raise SystemExit("validate: the parent ended before this run's turn")
 
+    def step(text: str) -> None:  # what the parent's progress bar shows of this run
+        if cfg.get("step_file"):
+            with open(cfg["step_file"] + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(cfg["step_file"] + ".tmp", cfg["step_file"])
+
+    step("engine start")
     kwargs = {"disable_log_stats": False, **cfg["llm_kwargs"]}  # the engine's per-request timestamps (timed_throughput)
     from vllm.engine.arg_utils import EngineArgs
 
@@ -115,6 +122,7 @@ def measure(cfg: dict) -> dict:
     batches = WholeBatches.of(llm)  # every generation's requests reach the scheduler together
     out["whole_batches"] = batches is not llm
     if weights != "dummy" and cfg["agreement_prompts"]:
+        step("agreement")
         if weights == "random":  # no text to read: the same seeded random tokens in every run
             gen_rng = random.Random(1)
             prompts = [[gen_rng.randrange(1, cfg["vocab_size"]) for _ in range(cfg["agreement_tokens"])]
@@ -136,7 +144,8 @@ def measure(cfg: dict) -> dict:
     dlen = cfg["decode_tokens"]
     prefill = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
     full = SamplingParams(max_tokens=1 + dlen, temperature=0.0, ignore_eos=True, detokenize=False)
-    for batch in cfg["batches"]:
+    for i, batch in enumerate(cfg["batches"], 1):
+        step(f"batch {batch} ({i} of {len(cfg['batches'])})")
         plen = prompt_len(cfg, batch)
         prompts = [{"prompt_token_ids": [rng.randrange(1, cfg["vocab_size"]) for _ in range(plen)]}
                    for _ in range(batch)]
@@ -403,13 +412,14 @@ class _Run:
 
     def __init__(self, cfg: dict, env: dict, work: str):
         os.makedirs(work, exist_ok=True)
-        self.cfg_path, self.out_path, self.log_path, self.imported_file, self.quiet_file = (
-            os.path.join(work, n) for n in ("config.json", "result.json", "log.txt", "imported", "quiet"))
-        for stale in (self.out_path, self.imported_file, self.quiet_file):  # a cut call's leftovers
+        self.cfg_path, self.out_path, self.log_path, self.imported_file, self.quiet_file, self.step_file = (
+            os.path.join(work, n) for n in ("config.json", "result.json", "log.txt", "imported", "quiet", "step"))
+        for stale in (self.out_path, self.imported_file, self.quiet_file, self.step_file):  # a cut call's leftovers
             if os.path.exists(stale):
                 os.remove(stale)
         with open(self.cfg_path, "w") as f:
-            json.dump({**cfg, "await_go": True, "imported_file": self.imported_file, "quiet_file": self.quiet_file}, f)
+            json.dump({**cfg, "await_go": True, "imported_file": self.imported_file, "quiet_file": self.quiet_file,
+                       "step_file": self.step_file}, f)
         self.go_at = None
         self.log = open(self.log_path, "w")
         # pinned before the child starts: vLLM's engine process and every thread inherit the CPU set
@@ -438,12 +448,20 @@ class _Run:
         self.proc.wait()
         self.log.close()
 
-    def wait(self, behind: _Run | None = None) -> dict:
+    def wait(self, behind: _Run | None = None, on_step=None) -> dict:
         """Its result once it exits: what ``run-one`` measured, with ``seconds`` the run's own time from its turn
-        to its exit (the import before the turn overlapped the previous run: ``imported_ahead``)."""
+        to its exit (the import before the turn overlapped the previous run: ``imported_ahead``). ``on_step``:
+        called with each step the run says it is in (``engine start``, ``agreement``, ``batch 16 (2 of 3)``)."""
+        said = None
         while self.proc.poll() is None:
             if not os.path.exists(self.quiet_file) and (behind is None or behind.imported()):
                 _touch(self.quiet_file)
+            if on_step is not None and os.path.exists(self.step_file):
+                with open(self.step_file) as f:
+                    step = f.read().strip()
+                if step and step != said:
+                    said = step
+                    on_step(step)
             time.sleep(0.05)
         seconds = time.perf_counter() - self.go_at
         self.log.close()
@@ -1436,7 +1454,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                 nm, nentry, nc, nr, nvocab = pending[i + 1]
                 ahead = (i + 1, _start(*_run_config(nm, nentry, nc, nr, nvocab,
                                                     os.path.join(work, nm["name"], f"{nc['label']}-r{nr}"))))
-            res = proc.wait(ahead[1] if ahead is not None else None)
+            res = proc.wait(ahead[1] if ahead is not None else None,
+                            on_step=lambda text: bar.set_postfix_str(text, refresh=True))
             if _own_compile_cache(entry, c):
                 shutil.rmtree(os.path.join(report_dir, OWN_COMPILE_CACHE), ignore_errors=True)
             longest = max(longest, res["seconds"])
