@@ -204,19 +204,36 @@ def test_expert_parallel_two_workers(tmp_path, checkpoint_and_baseline):
     assert all(c["processes"] == 2 for c in kernel), report["counts"]  # both ranks ran the kernel
 
 
+# vLLM's CPU build has FP8 experts of its own for block FP8 (CPUExpertsFp8, first in its oracle's order) on x86
+# CPUs with AMX tiles only. Told the CPU has none, in every process of the run (vLLM's engine core and worker
+# are spawned: a sitecustomize on their path), the oracle reaches its TRITON backend, whose experts class is
+# ours, on any machine
+NO_AMX = "import torch\ntorch.cpu._is_amx_tile_supported = lambda: False\n"
+
+
+def without_cpu_fp8_experts(tmp_path) -> dict:
+    """The environment that keeps vLLM's CPU FP8 experts out of a run (NO_AMX in each of its processes)."""
+    site = tmp_path / "no-amx"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_AMX)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
 def test_tiny_qwen3_moe_fp8_block(tmp_path):
     """A block-FP8 checkpoint (vLLM's ``Fp8MoEMethod``, 128 x 128 weight blocks, dynamic activations): vLLM
-    picks its TRITON FP8 backend, whose experts class is ours; vLLM's CPU build has no FP8 experts of its own,
-    so every call (the threshold covers prefill) runs the kernel on the FP8 weights and their block scales with
-    bf16 activations. Outputs: as close to the fp32 model of the dequantized weights as vLLM's own bf16 experts
-    on those weights (plugin off); the self-check (fp32 reference over the dequantized experts) passes."""
+    picks its TRITON FP8 backend, whose experts class is ours (its CPU FP8 experts, which need AMX, kept out:
+    ``without_cpu_fp8_experts``), so every call (the threshold covers prefill) runs the kernel on the FP8
+    weights and their block scales with bf16 activations. Outputs: as close to the fp32 model of the
+    dequantized weights as vLLM's own bf16 experts on those weights (plugin off); the self-check (fp32
+    reference over the dequantized experts) passes."""
     fp8, ref = tmp_path / "fp8", tmp_path / "ref"
     run_script(MAKE_FP8, str(fp8), str(ref), env={})
     off = result_json(run_script(RUN, str(ref), "1", env={"INFERA_VLLM_OPS_DISABLE": "1",
                                                          "INFERA_VLLM_REPORT_DIR": str(tmp_path / "off")}))
     report_dir = tmp_path / "report-fp8"
-    out = run_script(RUN, str(fp8), "1", env={"INFERA_VLLM_OPS": "moe-decode", "INFERA_MOE_DECODE_MAX_TOKENS": "256",
-                                               "INFERA_VLLM_REPORT_DIR": str(report_dir)})
+    out = run_script(RUN, str(fp8), "1", env={
+        **without_cpu_fp8_experts(tmp_path), "INFERA_VLLM_OPS": "moe-decode", "INFERA_MOE_DECODE_MAX_TOKENS": "256",
+        "INFERA_VLLM_REPORT_DIR": str(report_dir)})
     print(assert_no_worse_than_vllm(str(ref), result_json(out), off))
 
     report = _report(report_dir)

@@ -96,7 +96,7 @@ def _experts_class(base: type, tuned: Tuning, count: coverage.CallCounts, check:
     unquantized (``expects_unquantized_inputs``; the parent quantizes them itself for the calls it takes, as
     it does under LoRA with all2all) unless the tokens are dispatched across ranks (all2all: the dispatch
     stays FP8, its calls decline ``quantized-activations``) or the user chose the MoE backend.
-    ``parent_serves`` False (the CPU build, which has no FP8 experts of its own): the calls the kernel does
+    ``parent_serves`` False (the CPU build, whose Triton experts cannot run): the calls the kernel does
     not take run the fp32 reference, still counted under their reason."""
 
     class InferaDecodeExperts(base):
@@ -239,9 +239,10 @@ def _install_fp8(op_name: str, tuned: Tuning, cpu: bool, count: coverage.CallCou
     module global it looks up per call) for each backend's experts classes in its priority order. Wrapped
     there, the ``TRITON`` backend's ``TritonExperts`` becomes ours (a subclass, with the same support checks),
     so vLLM's order, weight loading, scale conversion and prepare/finalize stay as they are and only a layer
-    vLLM gives its Triton experts gets the kernel. The CPU build has no FP8 experts (the oracle returns
-    ``NONE`` there and the model fails to load): ours then claim the CPU device and run every call, the
-    kernel's under the interpreter and the rest on the fp32 reference (validation only)."""
+    vLLM gives its Triton experts gets the kernel. Where the CPU build's oracle reaches ``TRITON`` (its own
+    CPU FP8 experts come first, for block FP8 on x86 CPUs with AMX tiles; elsewhere it has none and the
+    oracle would return ``NONE``), ours claim the CPU device and run every call, the kernel's under the
+    interpreter and the rest on the fp32 reference (validation only)."""
     from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
     from vllm.model_executor.layers.fused_moe.oracle import fp8 as fp8_oracle  # (imported with this module)
 
