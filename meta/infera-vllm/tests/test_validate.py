@@ -571,7 +571,7 @@ def test_results_accumulate_and_a_measured_model_is_not_rerun(fake_engine, tmp_p
     assert all(len(r["rounds"]) == 2 for r in entry["runs"].values())
     assert os.path.isfile(out.replace(".json", ".png"))
     header = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("== tiny"))
-    assert header.startswith("== tiny (real weights, sm90, commit abc123, wheels ") and "vllm 0.1.0" in header
+    assert header.startswith("== tiny (real weights, sm90, commit abc123, wheels ") and "infera-vllm 0.1.0" in header
     assert re.search(r"measured 20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC, rounds 2/2, wall clock\)$", header), header
 
     fake_engine.clear()
@@ -681,7 +681,7 @@ def test_on_the_cpu_without_the_interpreter_it_says_so_and_runs_nothing(tmp_path
     monkeypatch.setattr(validate, "_start", lambda *a: pytest.fail("an engine was started"))
     assert validate.main([_model_dir(tmp_path)]) == 1
     err = " ".join(capsys.readouterr().err.split())
-    assert "--batches 1, --prompt-tokens 16" in err  # the CPU profile, said first
+    assert "--batches 1, --prompt-tokens 8" in err  # the CPU profile, said first
     assert "plan for tiny on cpu" in err and "no op would take a call" in err and "triton-interpreter-off" in err
     assert "Nothing to judge" in err and "TRITON_INTERPRET=1" in err
 
@@ -1152,6 +1152,8 @@ def test_gpu_runs_capture_the_graphs_a_default_vllm_replays_for_the_timed_steps(
     assert "enforce_eager" not in gpu
     cpu = validate.engine_kwargs(opts, {}, max_model_len=400, gpu=False)
     assert cpu["enforce_eager"] is True and "compilation_config" not in cpu
+    small = {**opts, "batches": [1], "agreement_prompts": 2}  # the agreement's prompts run as one batch
+    assert validate.engine_kwargs(small, {}, max_model_len=400, gpu=False)["max_num_seqs"] == 2
     # a preset's or a model's own vLLM arguments replace these, a compilation config whole
     own = {"compilation_config": {"cudagraph_capture_sizes": [1, 16]}}
     assert validate.engine_kwargs({**opts, "llm_kwargs": own}, {"max_num_seqs": 8}, max_model_len=400,

@@ -65,8 +65,8 @@ class InputError(ValueError):
 # A CPU's profile (the options a CPU run uses unless the command line gives them, over a matrix's or a preset's):
 # throughput is not judged there (vLLM's CPU build, Triton's interpreter), agreement is, and a preset stays
 # within minutes on two cores
-CPU_PROFILE = dict(batches=[1], prompt_tokens=16, decode_tokens=4, repeats=1, max_repeats=None, rounds=1,
-                   agreement_prompts=2, agreement_tokens=128)
+CPU_PROFILE = dict(batches=[1], prompt_tokens=8, decode_tokens=2, repeats=1, max_repeats=None, rounds=1,
+                   agreement_prompts=2, agreement_tokens=64)
 
 
 def machine_family() -> str | None:
@@ -388,11 +388,12 @@ def timed_steps(opts: dict, *, real: bool) -> list[int]:
 
 
 def engine_kwargs(opts: dict, model_kwargs: dict, *, max_model_len: int, gpu: bool, real: bool = False) -> dict:
-    """Every run's ``vllm.LLM`` arguments: bf16, ``max_num_seqs`` the largest batch, prefix caching off; on a
+    """Every run's ``vllm.LLM`` arguments: bf16, ``max_num_seqs`` the largest batch (the agreement prompts'
+    included), prefix caching off; on a
     GPU compiled with CUDA graphs at :func:`graph_sizes` of the run's steps (``real``: with the agreement's),
     on the CPU eager. ``--llm-kwargs`` and the model's own arguments (a matrix entry's ``llm_kwargs``)
     replace any of these, a ``compilation_config`` whole."""
-    seqs = max(opts["batches"])
+    seqs = max(*opts["batches"], opts.get("agreement_prompts") or 1)  # the agreement's prompts in one batch
     graphs = {"cudagraph_capture_sizes": graph_sizes(timed_steps(opts, real=real))}
     return {"dtype": "bfloat16", "max_model_len": max_model_len, "max_num_seqs": seqs, "enable_prefix_caching": False,
             **({"gpu_memory_utilization": 0.85, "compilation_config": graphs} if gpu else
@@ -905,7 +906,7 @@ def _wheels(entry: dict) -> str:
     for name, version in entry.get("versions", {}).items():
         if name.startswith("infera-"):
             commit = built.get(name)
-            parts.append(f"{name.removeprefix('infera-')} {version}"
+            parts.append(f"{name if name == 'infera-vllm' else name.removeprefix('infera-')} {version}"
                          + (f" @{str(commit)[:12]}" if commit != entry.get("commit") else ""))
     return f"wheels {', '.join(parts)}" if parts else ""
 
@@ -1428,7 +1429,8 @@ def _measure_all(todo, doc, opts, judge_options, work, args) -> bool:
                     proc.cancel()
                 bar.update()
                 continue
-            bar.set_description(f"{m['name']} {c['label']} r{r}")
+            bar.set_description(f"{m['name']} {c['label']} r{r}", refresh=False)
+            bar.set_postfix_str("starting")  # not the run before's last step
             run = entry["runs"][c["label"]]
             if (twin := default_covers(entry["runs"], c["label"], r)) is not None:
                 if proc is not None:
