@@ -182,9 +182,9 @@ def activate_all(switches: Switches) -> list[Verdict]:
     verdicts = [evaluate_isolated(f, env, switches, install=True) for f in discovery.discover()]
     installed = {v.name for v in verdicts}
     verdicts += not_installed(switches, installed)
-    for line in switches.unknown_names(installed):
-        if line.startswith("INFERA_VLLM_OPS_EXCLUDE"):  # an allow-list name gets its NOT_INSTALLED verdict below
-            log.warning("infera-vllm: %s (installed: %s)", line, ", ".join(sorted(installed)) or "none")
+    # an allow-list name no wheel provides gets its NOT_INSTALLED verdict, logged below
+    for line in switches.unknown_names(installed, lists=("INFERA_VLLM_OPS_EXCLUDE",)):
+        log.warning("infera-vllm: %s (installed: %s)", line, ", ".join(sorted(installed)) or "none")
     for v in verdicts:
         if v.decline is not None and str(v.decline.code) in NEEDS_ATTENTION:
             extra = (f" (installed: {', '.join(sorted(installed)) or 'none'})"

@@ -71,13 +71,13 @@ def _tune(op: str | None, args: list[str]) -> int:
         print("infera-vllm tune OP ARGS...: name the op to tune; installed ops with a tuner: "
               f"{', '.join(tunable) or 'none'} (infera-vllm tune OP --help says more)", file=sys.stderr)
         return 2
-    shorts = {name.split("-")[0]: name for name in found}
     short = [name for name in found if name.split("-")[0] == op]  # `tune linear` for linear-hipblaslt
     if op not in found and len(short) == 1:
         op = short[0]
     if op not in found or found[op].spec is None:
+        names = {*found, *(name.split("-")[0] for name in found)}  # a typo of `linear` too
         problem = found[op].problem if op in found else ("no installed wheel provides it"
-                                                          + switches.did_you_mean(op, {*found, *shorts}))
+                                                          + switches.did_you_mean(op, names))
         print(f"infera-vllm tune: op {op!r}: {problem} (installed: {', '.join(sorted(found)) or 'none'})",
               file=sys.stderr)
         return 2

@@ -103,7 +103,8 @@ def collect(model: str | None = None, switches: Switches | None = None) -> tuple
         flagged.add(v.name)
     problems += [f"{o['op']}: {sw['problem']}" for o in ops if o["op"] not in flagged
                  for sw in o["switches"] if sw["problem"]]  # refused, whether or not the op was named
-    problems += [line for line in switches.unknown_names(names) if line.startswith("INFERA_VLLM_OPS_EXCLUDE")]
+    unknown = switches.unknown_names(names)
+    problems += switches.unknown_names(names, lists=("INFERA_VLLM_OPS_EXCLUDE",))  # the allow-list's: above
     doc = {
         "infera_vllm": __version__,
         "report_dir": {"path": switches.report_dir, "problem": report_problem},
@@ -111,7 +112,7 @@ def collect(model: str | None = None, switches: Switches | None = None) -> tuple
         "environment": {**env.__dict__, **_driver()},
         "switches": switches.describe(),
         "ops": ops,
-        "unknown_names": switches.unknown_names(names),
+        "unknown_names": unknown,
         "problems": problems,
     }
     if model is not None:

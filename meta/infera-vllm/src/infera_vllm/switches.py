@@ -137,12 +137,13 @@ class Switches:
         name = name.lower()
         return self.allow is not None and name in self.allow and name not in self.exclude
 
-    def unknown_names(self, installed) -> list[str]:
-        """One line per name in INFERA_VLLM_OPS or INFERA_VLLM_OPS_EXCLUDE that no installed wheel provides,
-        with a "did you mean" where an installed op's name is close: what serving warns and doctor flags."""
+    def unknown_names(self, installed, lists=("INFERA_VLLM_OPS", "INFERA_VLLM_OPS_EXCLUDE")) -> list[str]:
+        """One line per name in the switches ``lists`` (INFERA_VLLM_OPS, INFERA_VLLM_OPS_EXCLUDE) that no
+        installed wheel provides, with a "did you mean" where an installed op's name is close: what serving
+        warns and doctor flags."""
         lines = []
-        lists = (("INFERA_VLLM_OPS", self.allow or frozenset()), ("INFERA_VLLM_OPS_EXCLUDE", self.exclude))
-        for switch, names in lists:
+        names_of = {"INFERA_VLLM_OPS": self.allow or frozenset(), "INFERA_VLLM_OPS_EXCLUDE": self.exclude}
+        for switch, names in ((switch, names_of[switch]) for switch in lists):
             for name in sorted(names - set(installed)):
                 lines.append(f"{switch} names {name!r}, which no installed wheel provides"
                              + did_you_mean(name, installed))
